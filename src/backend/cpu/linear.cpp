@@ -1,0 +1,108 @@
+#include <cblas.h>
+
+#include <cstring>
+#include <vector>
+
+#include "backend/cpu/ops.h"
+#include "core/error.h"
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define EKVA_AVX2 1
+#endif
+
+namespace ekva::cpu {
+namespace {
+
+// Below this many rows a GEMV that streams each weight row once beats converting weights for sgemm.
+constexpr int kGemvMaxRows = 4;
+
+#ifdef EKVA_AVX2
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p, DType dtype) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  if (dtype == DType::kF16) return _mm256_cvtph_ps(h);
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+#endif
+
+inline float load1(const void* row, int i, DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return static_cast<const float*>(row)[i];
+    case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(row)[i]);
+    default: return f16_to_f32(static_cast<const uint16_t*>(row)[i]);
+  }
+}
+
+// acc[t] = dot(x[t], row) for t < n (n <= kGemvMaxRows).
+void row_dots(const Matrix& w, int r, const float* x, int n, float* acc) {
+  const int k = w.cols;
+  const char* row = static_cast<const char*>(w.data) + static_cast<size_t>(r) * k * dtype_size(w.dtype);
+  int i = 0;
+#ifdef EKVA_AVX2
+  __m256 s[kGemvMaxRows];
+  for (int t = 0; t < n; ++t) s[t] = _mm256_setzero_ps();
+  for (; i + 8 <= k; i += 8) {
+    const __m256 wv = w.dtype == DType::kF32
+                          ? load8(reinterpret_cast<const float*>(row) + i)
+                          : load8(reinterpret_cast<const uint16_t*>(row) + i, w.dtype);
+    for (int t = 0; t < n; ++t) s[t] = _mm256_fmadd_ps(wv, load8(x + static_cast<size_t>(t) * k + i), s[t]);
+  }
+  for (int t = 0; t < n; ++t) acc[t] = hsum(s[t]);
+#else
+  for (int t = 0; t < n; ++t) acc[t] = 0.0f;
+#endif
+  for (; i < k; ++i) {
+    const float wv = load1(row, i, w.dtype);
+    for (int t = 0; t < n; ++t) acc[t] += wv * x[static_cast<size_t>(t) * k + i];
+  }
+}
+
+}  // namespace
+
+void linear(const Matrix& w, const float* x, int n, float* y, const float* bias) {
+  if (n <= 0) return;
+  if (n <= kGemvMaxRows) {
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < w.rows; ++r) {
+      float acc[kGemvMaxRows];
+      row_dots(w, r, x, n, acc);
+      const float b = bias != nullptr ? bias[r] : 0.0f;
+      for (int t = 0; t < n; ++t) y[static_cast<size_t>(t) * w.rows + r] = acc[t] + b;
+    }
+    return;
+  }
+  const float* wf = static_cast<const float*>(w.data);
+  std::vector<float> converted;
+  if (w.dtype != DType::kF32) {
+    converted.resize(static_cast<size_t>(w.rows) * w.cols);
+    const size_t row_bytes = static_cast<size_t>(w.cols) * dtype_size(w.dtype);
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < w.rows; ++r) {
+      to_f32(w.dtype, static_cast<const char*>(w.data) + r * row_bytes,
+             converted.data() + static_cast<size_t>(r) * w.cols, w.cols);
+    }
+    wf = converted.data();
+  }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, w.rows, w.cols, 1.0f, x, w.cols, wf, w.cols,
+              0.0f, y, w.rows);
+  if (bias != nullptr) {
+    for (int t = 0; t < n; ++t) {
+      float* yr = y + static_cast<size_t>(t) * w.rows;
+      for (int r = 0; r < w.rows; ++r) yr[r] += bias[r];
+    }
+  }
+}
+
+void matrix_row(const Matrix& w, int r, float* out) {
+  const size_t row_bytes = static_cast<size_t>(w.cols) * dtype_size(w.dtype);
+  to_f32(w.dtype, static_cast<const char*>(w.data) + r * row_bytes, out, w.cols);
+}
+
+}  // namespace ekva::cpu

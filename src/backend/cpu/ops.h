@@ -1,0 +1,54 @@
+#pragma once
+// CPU reference operators. float32 activations; weights in their stored dtype, converted on the fly.
+#include <cstdint>
+#include <vector>
+
+#include "core/dtype.h"
+#include "kv/kv_cache.h"
+#include "model/model_spec.h"
+
+namespace ekva::cpu {
+
+// A row-major weight matrix [rows = out features, cols = in features], viewed in place.
+struct Matrix {
+  DType dtype = DType::kF32;
+  const void* data = nullptr;
+  int rows = 0;
+  int cols = 0;
+  size_t bytes() const { return static_cast<size_t>(rows) * cols * dtype_size(dtype); }
+};
+
+// y[n, w.rows] = x[n, w.cols] · wᵀ (+ bias). Few rows: a streaming GEMV that reads the weights once;
+// more: BLAS sgemm on float32 weights.
+void linear(const Matrix& w, const float* x, int n, float* y, const float* bias = nullptr);
+
+// Row r of w converted to float32 (embedding lookup).
+void matrix_row(const Matrix& w, int r, float* out);
+
+// In place over n rows of width dim; weight has dim entries.
+void rms_norm(float* x, int n, int dim, const float* weight, double eps);
+// out = rms_norm(x) without touching x.
+void rms_norm(const float* x, float* out, int n, int dim, const float* weight, double eps);
+
+// Rotary embedding (rotate-half layout, as Hugging Face's Llama family) with scaling from `rope`.
+class Rope {
+ public:
+  Rope(const RopeSpec& rope, int head_dim);
+  // x: n rows of num_heads·head_dim; positions: n entries.
+  void apply(float* x, int n, int num_heads, const int32_t* positions) const;
+
+ private:
+  int head_dim_;
+  std::vector<double> inv_freq_;
+  double attention_factor_;
+};
+
+// out[i] = silu(gate[i]) * up[i].
+void silu_mul(const float* gate, const float* up, float* out, size_t n);
+
+// Softmax attention of each token's query heads over the retained K/V of its (sequence, layer,
+// KV head) with position <= the token's own. q and out: n rows of spec.q_dim().
+void attention(const KvCache& cache, int layer, const float* q, const int32_t* seq,
+               const int32_t* pos, int n, int num_heads, float* out);
+
+}  // namespace ekva::cpu

@@ -1,0 +1,101 @@
+#include <fmt/core.h>
+
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "model/generate.h"
+
+namespace ekva::cli {
+namespace {
+
+struct GenerateArgs {
+  std::string model_dir;
+  std::string ids;
+  std::string prompt;
+  int max_new_tokens = 32;
+  float temperature = 0.0f;
+  int top_k = 0;
+  float top_p = 1.0f;
+  uint64_t seed = 0;
+  bool json = false;
+};
+
+std::vector<int32_t> parse_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      size_t used = 0;
+      const long v = std::stol(item, &used);
+      if (used != item.size()) throw std::invalid_argument(item);
+      ids.push_back(static_cast<int32_t>(v));
+    } catch (const std::exception&) {
+      fail(ErrorKind::kInvalidArgument, "--ids: '{}' is not an integer", item);
+    }
+  }
+  return ids;
+}
+
+int run_generate(const GenerateArgs& a) {
+  const auto model = Model::load(a.model_dir);
+  const ModelSpec& s = model->spec();
+  if (!a.prompt.empty()) {
+    fail(ErrorKind::kUnsupported, "--prompt needs a tokenizer, which this build does not have yet; use --ids");
+  }
+  const std::vector<int32_t> prompt = parse_ids(a.ids);
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    if (prompt[i] < 0 || prompt[i] >= s.vocab_size) {
+      fail(ErrorKind::kInvalidArgument, "--ids: token {} at index {} is outside the vocabulary [0, {})", prompt[i],
+           i, s.vocab_size);
+    }
+  }
+  KvCache cache(s, 1);
+  GenerateOptions options;
+  options.max_new_tokens = a.max_new_tokens;
+  options.sampling = SamplingOptions{a.temperature, a.top_k, a.top_p, a.seed};
+  const GenerateResult r = generate(*model, cache, prompt, options);
+  const double prefill_tps = r.prefill_seconds > 0 ? r.prefill_tokens / r.prefill_seconds : 0.0;
+  const double decode_tps = r.decode_seconds > 0 ? r.decode_steps / r.decode_seconds : 0.0;
+  if (a.json) {
+    nlohmann::json j = {{"tokens", r.tokens},
+                        {"stopped_at_eos", r.stopped_at_eos},
+                        {"stats",
+                         {{"prompt_tokens", r.prefill_tokens},
+                          {"generated_tokens", r.tokens.size()},
+                          {"prefill_tokens_per_s", prefill_tps},
+                          {"decode_tokens_per_s", decode_tps},
+                          {"kv_bytes", r.kv_bytes}}}};
+    fmt::print("{}\n", j.dump());
+    return 0;
+  }
+  fmt::print("{}\n", fmt::join(r.tokens, ","));
+  fmt::print(stderr, "prefill {} tokens at {:.1f} tok/s, decode {} steps at {:.1f} tok/s, KV {} bytes\n",
+             r.prefill_tokens, prefill_tps, r.decode_steps, decode_tps, r.kv_bytes);
+  return 0;
+}
+
+}  // namespace
+
+void add_generate(CLI::App& app, Action& action) {
+  auto* cmd = app.add_subcommand("generate", "Generate tokens after a prompt (greedy unless --temperature > 0)");
+  auto a = std::make_shared<GenerateArgs>();
+  cmd->add_option("--model", a->model_dir, "Model directory")->required();
+  auto* ids = cmd->add_option("--ids", a->ids, "Prompt token ids, comma separated");
+  auto* prompt = cmd->add_option("--prompt", a->prompt, "Prompt text (needs the model's tokenizer)");
+  ids->excludes(prompt);
+  cmd->add_option("--max-new-tokens", a->max_new_tokens, "Tokens to generate at most")->capture_default_str();
+  cmd->add_option("--temperature", a->temperature, "Sampling temperature; 0 = greedy")->capture_default_str();
+  cmd->add_option("--top-k", a->top_k, "Keep the k most likely tokens; 0 = all")->capture_default_str();
+  cmd->add_option("--top-p", a->top_p, "Nucleus sampling mass")->capture_default_str();
+  cmd->add_option("--seed", a->seed, "Random seed for sampling")->capture_default_str();
+  cmd->add_flag("--json", a->json, "Print one JSON object with tokens and stats");
+  cmd->callback([&action, a, ids, prompt] {
+    if (ids->count() == 0 && prompt->count() == 0) throw CLI::RequiredError("--ids or --prompt");
+    action = [a] { return run_generate(*a); };
+  });
+}
+
+}  // namespace ekva::cli

@@ -1,0 +1,15 @@
+#pragma once
+// Each `ekva` subcommand registers itself on the app; only the CLI prints or exits.
+#include <CLI/CLI.hpp>
+#include <functional>
+
+namespace ekva::cli {
+
+// The action a subcommand runs after parsing; returns the process exit code.
+using Action = std::function<int()>;
+
+void add_info(CLI::App& app, Action& action);
+void add_forward(CLI::App& app, Action& action);
+void add_generate(CLI::App& app, Action& action);
+
+}  // namespace ekva::cli

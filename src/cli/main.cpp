@@ -1,0 +1,30 @@
+#include <fmt/core.h>
+
+#include <CLI/CLI.hpp>
+
+#include "cli/commands.h"
+#include "core/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"EKVA: expert-aware KV-cache budgets for Mixture-of-Experts inference"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "ekva 0.1.0");
+  ekva::cli::Action action;
+  ekva::cli::add_info(app, action);
+  ekva::cli::add_forward(app, action);
+  ekva::cli::add_generate(app, action);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    return action();
+  } catch (const ekva::Error& e) {
+    fmt::print(stderr, "ekva: error ({}): {}\n", ekva::error_kind_name(e.kind()), e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    fmt::print(stderr, "ekva: error (out of memory)\n");
+    return 1;
+  }
+}

@@ -1,0 +1,191 @@
+#include "model/forward.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/error.h"
+
+namespace ekva {
+
+void validate_batch(const ModelSpec& spec, const KvCache& cache, const ForwardBatch& batch) {
+  if (batch.seq.size() != batch.tokens.size() || batch.pos.size() != batch.tokens.size()) {
+    fail(ErrorKind::kInvalidArgument, "forward batch: tokens, seq and pos differ in length");
+  }
+  for (int i = 0; i < batch.size(); ++i) {
+    if (batch.tokens[i] < 0 || batch.tokens[i] >= spec.vocab_size) {
+      fail(ErrorKind::kInvalidArgument, "token id {} at index {} is outside the vocabulary [0, {})",
+           batch.tokens[i], i, spec.vocab_size);
+    }
+    if (batch.seq[i] < 0 || batch.seq[i] >= cache.num_sequences()) {
+      fail(ErrorKind::kInvalidArgument, "sequence {} at index {} is outside the cache's {} sequences",
+           batch.seq[i], i, cache.num_sequences());
+    }
+    if (batch.pos[i] < 0 || batch.pos[i] >= spec.max_position) {
+      fail(ErrorKind::kInvalidArgument,
+           "position {} exceeds the model's context of {} tokens (max_position_embeddings)",
+           batch.pos[i], spec.max_position);
+    }
+  }
+  for (int32_t r : batch.logit_rows) {
+    if (r < 0 || r >= batch.size()) fail(ErrorKind::kInvalidArgument, "logit row {} out of range", r);
+  }
+}
+
+Forward::Forward(const Model& model, KvCache& cache)
+    : model_(model), cache_(cache), rope_(model.spec().rope, model.spec().head_dim) {}
+
+void Forward::attention_block(int layer, const ForwardBatch& batch, const float* x, float* out) {
+  const ModelSpec& s = model_.spec();
+  const LayerWeights& L = model_.layer(layer);
+  const int n = batch.size();
+  const int d = s.head_dim;
+  std::vector<float> q(static_cast<size_t>(n) * s.q_dim()), k(static_cast<size_t>(n) * s.kv_dim()),
+      v(static_cast<size_t>(n) * s.kv_dim());
+  auto bias = [](const std::vector<float>& b) { return b.empty() ? nullptr : b.data(); };
+  cpu::linear(L.q, x, n, q.data(), bias(L.q_bias));
+  cpu::linear(L.k, x, n, k.data(), bias(L.k_bias));
+  cpu::linear(L.v, x, n, v.data(), bias(L.v_bias));
+  if (s.qk_norm == QkNorm::kPerHead) {
+    cpu::rms_norm(q.data(), n * s.num_heads, d, L.q_norm.data(), s.rms_eps);
+    cpu::rms_norm(k.data(), n * s.num_kv_heads, d, L.k_norm.data(), s.rms_eps);
+  } else if (s.qk_norm == QkNorm::kWholeProjection) {
+    cpu::rms_norm(q.data(), n, s.q_dim(), L.q_norm.data(), s.rms_eps);
+    cpu::rms_norm(k.data(), n, s.kv_dim(), L.k_norm.data(), s.rms_eps);
+  }
+  if (s.clip_qkv) {
+    const float c = *s.clip_qkv;
+    for (auto* buf : {&q, &k, &v}) {
+      for (float& e : *buf) e = std::clamp(e, -c, c);
+    }
+  }
+  rope_.apply(q.data(), n, s.num_heads, batch.pos.data());
+  rope_.apply(k.data(), n, s.num_kv_heads, batch.pos.data());
+  for (int t = 0; t < n; ++t) {
+    for (int h = 0; h < s.num_kv_heads; ++h) {
+      const size_t off = static_cast<size_t>(t) * s.kv_dim() + static_cast<size_t>(h) * d;
+      cache_.append(batch.seq[t], layer, h, k.data() + off, v.data() + off, TokenMeta{batch.pos[t], -1, 0.0f});
+    }
+  }
+  std::vector<float> attn(static_cast<size_t>(n) * s.q_dim());
+  cpu::attention(cache_, layer, q.data(), batch.seq.data(), batch.pos.data(), n, s.num_heads, attn.data());
+  cpu::linear(L.o, attn.data(), n, out, bias(L.o_bias));
+}
+
+namespace {
+
+// out[n, hidden] += weight[t] * mlp(x[t]) for the listed rows of x.
+void mlp_accumulate(const Mlp& m, const float* x, int hidden, const std::vector<int32_t>& rows,
+                    const std::vector<float>& weights, float* out) {
+  const int n = static_cast<int>(rows.size());
+  const int inter = m.gate.rows;
+  std::vector<float> xs(static_cast<size_t>(n) * hidden), g(static_cast<size_t>(n) * inter),
+      u(static_cast<size_t>(n) * inter), y(static_cast<size_t>(n) * hidden);
+  for (int i = 0; i < n; ++i) {
+    std::copy_n(x + static_cast<size_t>(rows[i]) * hidden, hidden, xs.data() + static_cast<size_t>(i) * hidden);
+  }
+  cpu::linear(m.gate, xs.data(), n, g.data());
+  cpu::linear(m.up, xs.data(), n, u.data());
+  cpu::silu_mul(g.data(), u.data(), g.data(), g.size());
+  cpu::linear(m.down, g.data(), n, y.data());
+  for (int i = 0; i < n; ++i) {
+    float* o = out + static_cast<size_t>(rows[i]) * hidden;
+    const float* yr = y.data() + static_cast<size_t>(i) * hidden;
+    for (int j = 0; j < hidden; ++j) o[j] += weights[i] * yr[j];
+  }
+}
+
+}  // namespace
+
+void Forward::moe_block(int layer, int moe_index, const float* x, int n, float* out,
+                        ForwardObserver* observer) {
+  const ModelSpec& s = model_.spec();
+  const LayerWeights& L = model_.layer(layer);
+  const int hidden = s.hidden_size;
+  std::fill(out, out + static_cast<size_t>(n) * hidden, 0.0f);
+  std::vector<int32_t> all(n);
+  std::iota(all.begin(), all.end(), 0);
+  if (!s.layer_is_moe[layer]) {
+    mlp_accumulate(L.dense, x, hidden, all, std::vector<float>(n, 1.0f), out);
+    return;
+  }
+  const int E = s.num_experts;
+  std::vector<float> logits(static_cast<size_t>(n) * E);
+  cpu::linear(L.router, x, n, logits.data());
+  if (observer != nullptr) observer->on_router_logits(layer, moe_index, logits.data(), n, E);
+
+  std::vector<std::vector<int32_t>> rows(E);
+  std::vector<std::vector<float>> gates(E);
+  std::vector<float> prob(E);
+  std::vector<int> order(E);
+  for (int t = 0; t < n; ++t) {
+    const float* lr = logits.data() + static_cast<size_t>(t) * E;
+    const float mx = *std::max_element(lr, lr + E);
+    float sum = 0.0f;
+    for (int e = 0; e < E; ++e) sum += prob[e] = std::exp(lr[e] - mx);
+    for (int e = 0; e < E; ++e) prob[e] /= sum;
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + s.top_k, order.end(),
+                      [&](int a, int b) { return prob[a] > prob[b] || (prob[a] == prob[b] && a < b); });
+    float top_sum = 0.0f;
+    for (int i = 0; i < s.top_k; ++i) top_sum += prob[order[i]];
+    for (int i = 0; i < s.top_k; ++i) {
+      const int e = order[i];
+      rows[e].push_back(t);
+      gates[e].push_back(s.norm_topk_prob ? prob[e] / top_sum : prob[e]);
+    }
+  }
+  for (int e = 0; e < E; ++e) {
+    if (!rows[e].empty()) mlp_accumulate(L.experts[e], x, hidden, rows[e], gates[e], out);
+  }
+  if (s.shared_intermediate > 0) {
+    std::vector<float> shared_w(n, 1.0f);
+    if (s.shared_expert_gated) {
+      cpu::linear(L.shared_gate, x, n, shared_w.data());
+      for (float& g : shared_w) g = 1.0f / (1.0f + std::exp(-g));
+    }
+    mlp_accumulate(L.shared, x, hidden, all, shared_w, out);
+  }
+}
+
+std::vector<float> Forward::run(const ForwardBatch& batch, ForwardObserver* observer) {
+  const ModelSpec& s = model_.spec();
+  validate_batch(s, cache_, batch);
+  const int n = batch.size();
+  const int hidden = s.hidden_size;
+  std::vector<float> x(static_cast<size_t>(n) * hidden), normed(x.size()), delta(x.size());
+  for (int t = 0; t < n; ++t) cpu::matrix_row(model_.embed(), batch.tokens[t], x.data() + static_cast<size_t>(t) * hidden);
+
+  int moe_index = 0;
+  for (int l = 0; l < s.num_layers; ++l) {
+    const LayerWeights& L = model_.layer(l);
+    cpu::rms_norm(x.data(), normed.data(), n, hidden, L.attn_norm.data(), s.rms_eps);
+    attention_block(l, batch, normed.data(), delta.data());
+    for (size_t i = 0; i < x.size(); ++i) x[i] += delta[i];
+    cpu::rms_norm(x.data(), normed.data(), n, hidden, L.mlp_norm.data(), s.rms_eps);
+    moe_block(l, moe_index, normed.data(), n, delta.data(), observer);
+    if (s.layer_is_moe[l]) ++moe_index;
+    for (size_t i = 0; i < x.size(); ++i) x[i] += delta[i];
+  }
+  // Each sequence's next position follows the highest position it received in this batch.
+  for (int t = 0; t < n; ++t) {
+    const int32_t next = batch.pos[t] + 1;
+    if (next > cache_.next_position(batch.seq[t])) cache_.advance(batch.seq[t], next - cache_.next_position(batch.seq[t]));
+  }
+
+  std::vector<int32_t> rows = batch.logit_rows;
+  if (rows.empty()) {
+    rows.resize(n);
+    std::iota(rows.begin(), rows.end(), 0);
+  }
+  std::vector<float> final_x(rows.size() * hidden);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    cpu::rms_norm(x.data() + static_cast<size_t>(rows[i]) * hidden, final_x.data() + i * hidden, 1, hidden,
+                  model_.final_norm().data(), s.rms_eps);
+  }
+  std::vector<float> logits(rows.size() * static_cast<size_t>(s.vocab_size));
+  cpu::linear(model_.lm_head(), final_x.data(), static_cast<int>(rows.size()), logits.data());
+  return logits;
+}
+
+}  // namespace ekva

@@ -1,0 +1,56 @@
+#pragma once
+// One forward step over a ragged batch: any number of tokens from any sequences, each with its
+// position. Prefill (many tokens of a sequence), decode (one token per sequence) and their mix are
+// the same call; each token attends to its sequence's retained KV up to its own position.
+#include <cstdint>
+#include <vector>
+
+#include "kv/kv_cache.h"
+#include "model/model.h"
+
+namespace ekva {
+
+struct ForwardBatch {
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> seq;
+  std::vector<int32_t> pos;
+  // Tokens whose logits are wanted, as indices into `tokens`; empty: all.
+  std::vector<int32_t> logit_rows;
+
+  void add(int32_t token, int32_t sequence, int32_t position) {
+    tokens.push_back(token);
+    seq.push_back(sequence);
+    pos.push_back(position);
+  }
+  int size() const { return static_cast<int>(tokens.size()); }
+};
+
+// Hooks that see a forward as it runs (calibration statistics, policies). Default: ignore.
+class ForwardObserver {
+ public:
+  virtual ~ForwardObserver() = default;
+  // Router logits of one MoE layer: n_tokens rows of num_experts. moe_index counts MoE layers only.
+  virtual void on_router_logits(int /*layer*/, int /*moe_index*/, const float* /*logits*/, int /*n_tokens*/,
+                                int /*num_experts*/) {}
+};
+
+class Forward {
+ public:
+  Forward(const Model& model, KvCache& cache);
+  // Appends the batch's K/V to the cache, advances each sequence's position, and returns
+  // logits [rows, vocab] for batch.logit_rows (all tokens when empty).
+  std::vector<float> run(const ForwardBatch& batch, ForwardObserver* observer = nullptr);
+
+ private:
+  void attention_block(int layer, const ForwardBatch& batch, const float* x, float* out);
+  void moe_block(int layer, int moe_index, const float* x, int n, float* out, ForwardObserver* observer);
+
+  const Model& model_;
+  KvCache& cache_;
+  cpu::Rope rope_;
+};
+
+// Checks token ids against the vocabulary and positions against the context; throws kInvalidArgument.
+void validate_batch(const ModelSpec& spec, const KvCache& cache, const ForwardBatch& batch);
+
+}  // namespace ekva

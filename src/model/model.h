@@ -1,0 +1,54 @@
+#pragma once
+// A loaded checkpoint: its ModelSpec and views of every weight, in place in the mapped files.
+#include <filesystem>
+#include <memory>
+#include <vector>
+
+#include "backend/cpu/ops.h"
+#include "io/safetensors.h"
+#include "model/model_spec.h"
+
+namespace ekva {
+
+struct Mlp {  // SwiGLU: down(silu(gate(x)) * up(x))
+  cpu::Matrix gate, up, down;
+};
+
+struct LayerWeights {
+  std::vector<float> attn_norm, mlp_norm;
+  cpu::Matrix q, k, v, o;
+  std::vector<float> q_bias, k_bias, v_bias, o_bias;  // empty when the architecture has none
+  std::vector<float> q_norm, k_norm;                  // empty unless spec.qk_norm != kNone
+  cpu::Matrix router;                                 // MoE layers only
+  std::vector<Mlp> experts;
+  Mlp shared;                 // used when spec.shared_intermediate > 0
+  cpu::Matrix shared_gate;    // [1, hidden] when the shared expert is gated
+  Mlp dense;                  // layers without a router
+};
+
+class Model {
+ public:
+  // Reads config.json and the safetensors of `dir`, checking every tensor's presence and shape.
+  static std::unique_ptr<Model> load(const std::filesystem::path& dir);
+
+  const ModelSpec& spec() const { return spec_; }
+  const std::filesystem::path& dir() const { return dir_; }
+  const cpu::Matrix& embed() const { return embed_; }
+  const cpu::Matrix& lm_head() const { return lm_head_; }
+  const std::vector<float>& final_norm() const { return final_norm_; }
+  const LayerWeights& layer(int l) const { return layers_[l]; }
+  // Bytes of the weights one decode token reads: attention, router, top_k experts, shared expert,
+  // LM head, one embedding row.
+  size_t active_weight_bytes_per_token() const;
+
+ private:
+  Model(const std::filesystem::path& dir, ModelSpec spec);
+  std::filesystem::path dir_;
+  ModelSpec spec_;
+  TensorStore store_;
+  cpu::Matrix embed_, lm_head_;
+  std::vector<float> final_norm_;
+  std::vector<LayerWeights> layers_;
+};
+
+}  // namespace ekva
