@@ -43,13 +43,15 @@ int run_generate(const GenerateArgs& a) {
   const auto model = Model::load(a.model_dir);
   const ModelSpec& s = model->spec();
   if (!a.prompt.empty()) {
-    fail(ErrorKind::kUnsupported, "--prompt needs a tokenizer, which this build does not have yet; use --ids");
+    fail(ErrorKind::kUnsupported,
+         "--prompt needs a tokenizer, which this build does not have yet; use --ids");
   }
   const std::vector<int32_t> prompt = parse_ids(a.ids);
   for (size_t i = 0; i < prompt.size(); ++i) {
     if (prompt[i] < 0 || prompt[i] >= s.vocab_size) {
-      fail(ErrorKind::kInvalidArgument, "--ids: token {} at index {} is outside the vocabulary [0, {})", prompt[i],
-           i, s.vocab_size);
+      fail(ErrorKind::kInvalidArgument,
+           "--ids: token {} at index {} is outside the vocabulary [0, {})", prompt[i], i,
+           s.vocab_size);
     }
   }
   KvCache cache(s, 1);
@@ -72,7 +74,8 @@ int run_generate(const GenerateArgs& a) {
     return 0;
   }
   fmt::print("{}\n", fmt::join(r.tokens, ","));
-  fmt::print(stderr, "prefill {} tokens at {:.1f} tok/s, decode {} steps at {:.1f} tok/s, KV {} bytes\n",
+  fmt::print(stderr,
+             "prefill {} tokens at {:.1f} tok/s, decode {} steps at {:.1f} tok/s, KV {} bytes\n",
              r.prefill_tokens, prefill_tps, r.decode_steps, decode_tps, r.kv_bytes);
   return 0;
 }
@@ -80,15 +83,20 @@ int run_generate(const GenerateArgs& a) {
 }  // namespace
 
 void add_generate(CLI::App& app, Action& action) {
-  auto* cmd = app.add_subcommand("generate", "Generate tokens after a prompt (greedy unless --temperature > 0)");
+  auto* cmd = app.add_subcommand(
+      "generate", "Generate tokens after a prompt (greedy unless --temperature > 0)");
   auto a = std::make_shared<GenerateArgs>();
   cmd->add_option("--model", a->model_dir, "Model directory")->required();
   auto* ids = cmd->add_option("--ids", a->ids, "Prompt token ids, comma separated");
-  auto* prompt = cmd->add_option("--prompt", a->prompt, "Prompt text (needs the model's tokenizer)");
+  auto* prompt =
+      cmd->add_option("--prompt", a->prompt, "Prompt text (needs the model's tokenizer)");
   ids->excludes(prompt);
-  cmd->add_option("--max-new-tokens", a->max_new_tokens, "Tokens to generate at most")->capture_default_str();
-  cmd->add_option("--temperature", a->temperature, "Sampling temperature; 0 = greedy")->capture_default_str();
-  cmd->add_option("--top-k", a->top_k, "Keep the k most likely tokens; 0 = all")->capture_default_str();
+  cmd->add_option("--max-new-tokens", a->max_new_tokens, "Tokens to generate at most")
+      ->capture_default_str();
+  cmd->add_option("--temperature", a->temperature, "Sampling temperature; 0 = greedy")
+      ->capture_default_str();
+  cmd->add_option("--top-k", a->top_k, "Keep the k most likely tokens; 0 = all")
+      ->capture_default_str();
   cmd->add_option("--top-p", a->top_p, "Nucleus sampling mass")->capture_default_str();
   cmd->add_option("--seed", a->seed, "Random seed for sampling")->capture_default_str();
   cmd->add_flag("--json", a->json, "Print one JSON object with tokens and stats");

@@ -9,7 +9,8 @@
 namespace ekva::cli {
 
 void add_info(CLI::App& app, Action& action) {
-  auto* cmd = app.add_subcommand("info", "Describe a model: architecture, parameters, KV bytes per token");
+  auto* cmd =
+      app.add_subcommand("info", "Describe a model: architecture, parameters, KV bytes per token");
   auto model_dir = std::make_shared<std::string>();
   auto json = std::make_shared<bool>(false);
   cmd->add_option("--model", *model_dir, "Model directory (config.json + safetensors)")->required();
@@ -46,12 +47,13 @@ void add_info(CLI::App& app, Action& action) {
       }
       fmt::print("architecture        {}\n", s.model_type);
       fmt::print("layers              {} ({} MoE)\n", s.num_layers, s.num_moe_layers());
-      fmt::print("hidden / heads      {} / {} query, {} KV, head_dim {}\n", s.hidden_size, s.num_heads,
-                 s.num_kv_heads, s.head_dim);
+      fmt::print("hidden / heads      {} / {} query, {} KV, head_dim {}\n", s.hidden_size,
+                 s.num_heads, s.num_kv_heads, s.head_dim);
       fmt::print("experts             {} routed, top-{}{}\n", s.num_experts, s.top_k,
                  s.shared_intermediate > 0 ? ", plus a shared expert" : "");
       fmt::print("vocab / context     {} / {}\n", s.vocab_size, s.max_position);
-      fmt::print("parameters          {} total, {} active per token\n", params.total, params.active_per_token);
+      fmt::print("parameters          {} total, {} active per token\n", params.total,
+                 params.active_per_token);
       fmt::print("weights             {}\n", dtype_name(s.weight_dtype));
       fmt::print("KV bytes per token  {} (at {})\n", kv_token, dtype_name(s.weight_dtype));
       return 0;

@@ -1,5 +1,6 @@
 #pragma once
-// The project's one error type. Library code throws ekva::Error; only the CLI catches and reports it.
+// The project's one error type. Library code throws ekva::Error; only the CLI catches and reports
+// it.
 #include <fmt/format.h>
 
 #include <stdexcept>

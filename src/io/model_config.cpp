@@ -26,22 +26,26 @@ class ConfigReader {
   }
   int positive(const char* key) const {
     int v = integer(key);
-    if (v <= 0) fail(ErrorKind::kInvalidFile, "{}: field '{}' must be positive, got {}", source_, key, v);
+    if (v <= 0)
+      fail(ErrorKind::kInvalidFile, "{}: field '{}' must be positive, got {}", source_, key, v);
     return v;
   }
   double number_or(const char* key, double fallback) const {
     if (!has(key)) return fallback;
-    if (!j_[key].is_number()) fail(ErrorKind::kInvalidFile, "{}: field '{}' is not a number", source_, key);
+    if (!j_[key].is_number())
+      fail(ErrorKind::kInvalidFile, "{}: field '{}' is not a number", source_, key);
     return j_[key].get<double>();
   }
   bool boolean_or(const char* key, bool fallback) const {
     if (!has(key)) return fallback;
-    if (!j_[key].is_boolean()) fail(ErrorKind::kInvalidFile, "{}: field '{}' is not a boolean", source_, key);
+    if (!j_[key].is_boolean())
+      fail(ErrorKind::kInvalidFile, "{}: field '{}' is not a boolean", source_, key);
     return j_[key].get<bool>();
   }
   std::string string_or(const char* key, const std::string& fallback) const {
     if (!has(key)) return fallback;
-    if (!j_[key].is_string()) fail(ErrorKind::kInvalidFile, "{}: field '{}' is not a string", source_, key);
+    if (!j_[key].is_string())
+      fail(ErrorKind::kInvalidFile, "{}: field '{}' is not a string", source_, key);
     return j_[key].get<std::string>();
   }
   const json& raw(const char* key) const { return j_[key]; }
@@ -49,7 +53,8 @@ class ConfigReader {
 
  private:
   int integer_value(const char* key, const json& v) const {
-    if (!v.is_number_integer()) fail(ErrorKind::kInvalidFile, "{}: field '{}' is not an integer", source_, key);
+    if (!v.is_number_integer())
+      fail(ErrorKind::kInvalidFile, "{}: field '{}' is not an integer", source_, key);
     return v.get<int>();
   }
   const json& j_;
@@ -63,7 +68,8 @@ Architecture parse_architecture(const ConfigReader& c) {
   if (type == "qwen3_moe") return Architecture::kQwen3Moe;
   if (type == "olmoe") return Architecture::kOlmoe;
   fail(ErrorKind::kUnsupported,
-       "{}: unsupported architecture model_type='{}' (supported: mixtral, qwen2_moe, qwen3_moe, olmoe)",
+       "{}: unsupported architecture model_type='{}' (supported: mixtral, qwen2_moe, qwen3_moe, "
+       "olmoe)",
        c.source(), type);
 }
 
@@ -75,7 +81,8 @@ RopeSpec parse_rope(const ConfigReader& c) {
   if (c.has("rope_scaling")) {
     for (const auto& [k, v] : c.raw("rope_scaling").items()) params[k] = v;
   }
-  if (!params.contains("rope_theta") && c.has("rope_theta")) params["rope_theta"] = c.raw("rope_theta");
+  if (!params.contains("rope_theta") && c.has("rope_theta"))
+    params["rope_theta"] = c.raw("rope_theta");
   const std::string where = c.source() + " rope parameters";
   ConfigReader r(params, where);
   RopeSpec rope;
@@ -95,13 +102,13 @@ RopeSpec parse_rope(const ConfigReader& c) {
     rope.scaling = RopeScaling::kYarn;
     rope.beta_fast = r.number_or("beta_fast", 32.0);
     rope.beta_slow = r.number_or("beta_slow", 1.0);
-    rope.original_max_position =
-        r.integer_or("original_max_position_embeddings", c.integer_or("max_position_embeddings", 0));
+    rope.original_max_position = r.integer_or("original_max_position_embeddings",
+                                              c.integer_or("max_position_embeddings", 0));
     rope.attention_factor =
         r.number_or("attention_factor", rope.factor <= 1 ? 1.0 : 0.1 * std::log(rope.factor) + 1.0);
   } else {
-    fail(ErrorKind::kUnsupported, "{}: rope_type '{}' is not supported (default, linear, llama3, yarn)",
-         where, type);
+    fail(ErrorKind::kUnsupported,
+         "{}: rope_type '{}' is not supported (default, linear, llama3, yarn)", where, type);
   }
   return rope;
 }
@@ -119,8 +126,9 @@ ModelSpec parse_model_config(const json& config, const std::string& source) {
   s.num_heads = c.positive("num_attention_heads");
   s.num_kv_heads = c.integer_or("num_key_value_heads", s.num_heads);
   if (s.num_kv_heads <= 0 || s.num_heads % s.num_kv_heads != 0) {
-    fail(ErrorKind::kInvalidFile, "{}: num_attention_heads {} is not a multiple of num_key_value_heads {}",
-         source, s.num_heads, s.num_kv_heads);
+    fail(ErrorKind::kInvalidFile,
+         "{}: num_attention_heads {} is not a multiple of num_key_value_heads {}", source,
+         s.num_heads, s.num_kv_heads);
   }
   s.head_dim = c.integer_or("head_dim", s.hidden_size / s.num_heads);
   if (s.head_dim <= 0 || s.head_dim % 2 != 0) {
@@ -145,7 +153,8 @@ ModelSpec parse_model_config(const json& config, const std::string& source) {
   } else if (dtype == "float32") {
     s.weight_dtype = DType::kF32;
   } else {
-    fail(ErrorKind::kUnsupported, "{}: dtype '{}' (supported: float32, bfloat16, float16)", source, dtype);
+    fail(ErrorKind::kUnsupported, "{}: dtype '{}' (supported: float32, bfloat16, float16)", source,
+         dtype);
   }
 
   if (c.has("bos_token_id")) s.bos_id = c.integer("bos_token_id");
@@ -158,11 +167,12 @@ ModelSpec parse_model_config(const json& config, const std::string& source) {
     }
   }
 
-  s.num_experts = c.has("num_local_experts") ? c.positive("num_local_experts") : c.positive("num_experts");
+  s.num_experts =
+      c.has("num_local_experts") ? c.positive("num_local_experts") : c.positive("num_experts");
   s.top_k = c.positive("num_experts_per_tok");
   if (s.top_k > s.num_experts) {
-    fail(ErrorKind::kInvalidFile, "{}: num_experts_per_tok {} exceeds the {} experts", source, s.top_k,
-         s.num_experts);
+    fail(ErrorKind::kInvalidFile, "{}: num_experts_per_tok {} exceeds the {} experts", source,
+         s.top_k, s.num_experts);
   }
   s.layer_is_moe.assign(s.num_layers, true);
   switch (s.arch) {
@@ -182,7 +192,8 @@ ModelSpec parse_model_config(const json& config, const std::string& source) {
         const bool listed = std::find(mlp_only.begin(), mlp_only.end(), l) != mlp_only.end();
         s.layer_is_moe[l] = !listed && step > 0 && (l + 1) % step == 0;
         if (!s.layer_is_moe[l] && s.dense_intermediate <= 0) {
-          fail(ErrorKind::kInvalidFile, "{}: layer {} is dense but intermediate_size is missing", source, l);
+          fail(ErrorKind::kInvalidFile, "{}: layer {} is dense but intermediate_size is missing",
+               source, l);
         }
       }
       if (s.arch == Architecture::kQwen2Moe) {
@@ -215,7 +226,8 @@ ModelSpec parse_model_config(const json& config, const std::string& source) {
 }
 
 ModelSpec load_model_config(const std::filesystem::path& dir_or_file) {
-  const auto path = std::filesystem::is_directory(dir_or_file) ? dir_or_file / "config.json" : dir_or_file;
+  const auto path =
+      std::filesystem::is_directory(dir_or_file) ? dir_or_file / "config.json" : dir_or_file;
   return parse_model_config(read_json_file(path), path.string());
 }
 

@@ -21,8 +21,8 @@ DType parse_dtype(const std::string& s, const std::string& file, const std::stri
   if (s == "F16") return DType::kF16;
   if (s == "I64") return DType::kI64;
   if (s == "I32") return DType::kI32;
-  fail(ErrorKind::kUnsupported, "{}: tensor '{}' has dtype '{}' (supported: F32, BF16, F16, I64, I32)",
-       file, tensor, s);
+  fail(ErrorKind::kUnsupported,
+       "{}: tensor '{}' has dtype '{}' (supported: F32, BF16, F16, I64, I32)", file, tensor, s);
 }
 
 }  // namespace
@@ -33,7 +33,9 @@ int64_t TensorView::numel() const {
   return n;
 }
 
-std::string TensorView::shape_string() const { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+std::string TensorView::shape_string() const {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
 
 SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : file_(path) {
   const std::string f = path.string();
@@ -42,8 +44,8 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : file_(path
   uint64_t header_len = 0;
   std::memcpy(&header_len, file_.data(), 8);
   if (header_len > kMaxHeaderBytes || header_len > size - 8) {
-    fail(ErrorKind::kInvalidFile, "{}: header length {} runs past the end of the file ({} bytes)", f,
-         header_len, size);
+    fail(ErrorKind::kInvalidFile, "{}: header length {} runs past the end of the file ({} bytes)",
+         f, header_len, size);
   }
   json header;
   try {
@@ -78,7 +80,8 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : file_(path
     t.name = name;
     t.dtype = parse_dtype(entry["dtype"].get<std::string>(), f, name);
     const json& shape = entry["shape"];
-    if (!shape.is_array()) fail(ErrorKind::kInvalidFile, "{}: tensor '{}' shape is not a list", f, name);
+    if (!shape.is_array())
+      fail(ErrorKind::kInvalidFile, "{}: tensor '{}' shape is not a list", f, name);
     uint64_t numel = 1;
     for (const json& d : shape) {
       if (!d.is_number_integer() || d.get<int64_t>() < 0) {
@@ -182,7 +185,8 @@ const TensorView& TensorStore::get(const std::string& name) const {
   return it->second->get(name);
 }
 
-const TensorView& TensorStore::get(const std::string& name, const std::vector<int64_t>& shape) const {
+const TensorView& TensorStore::get(const std::string& name,
+                                   const std::vector<int64_t>& shape) const {
   const TensorView& t = get(name);
   if (t.shape != shape) {
     fail(ErrorKind::kInvalidFile, "tensor '{}' has shape {} but the config implies [{}]", name,

@@ -8,8 +8,8 @@ namespace ekva {
 
 KvPool::KvPool(int head_dim, int page_size) : head_dim_(head_dim), page_size_(page_size) {
   if (head_dim <= 0 || page_size <= 0) {
-    fail(ErrorKind::kInvalidArgument, "KV pool needs positive head_dim and page_size, got {} and {}",
-         head_dim, page_size);
+    fail(ErrorKind::kInvalidArgument,
+         "KV pool needs positive head_dim and page_size, got {} and {}", head_dim, page_size);
   }
 }
 
@@ -38,7 +38,8 @@ void KvPool::release(int32_t page) {
 
 float* KvPool::page_data(int32_t page) {
   const size_t page_floats = page_bytes() / sizeof(float);
-  return chunks_[page / kPagesPerChunk].get() + static_cast<size_t>(page % kPagesPerChunk) * page_floats;
+  return chunks_[page / kPagesPerChunk].get() +
+         static_cast<size_t>(page % kPagesPerChunk) * page_floats;
 }
 
 KvCache::KvCache(const ModelSpec& spec, int num_sequences, int page_size)
@@ -71,7 +72,8 @@ int KvCache::append(int seq, int layer, int kv_head, const float* key, const flo
 void KvCache::evict(int seq, int layer, int kv_head, int slot) {
   HeadTable& t = table(seq, layer, kv_head);
   if (slot < 0 || slot >= t.size()) {
-    fail(ErrorKind::kInvalidArgument, "evict: slot {} out of range (table holds {})", slot, t.size());
+    fail(ErrorKind::kInvalidArgument, "evict: slot {} out of range (table holds {})", slot,
+         t.size());
   }
   const int last = t.size() - 1;
   if (slot != last) {
@@ -99,16 +101,19 @@ void KvCache::clear_sequence(int seq) {
 }
 
 const float* KvCache::key(int seq, int layer, int kv_head, int slot) const {
-  return const_cast<KvCache*>(this)->row(const_cast<HeadTable&>(table(seq, layer, kv_head)), slot, false);
+  return const_cast<KvCache*>(this)->row(const_cast<HeadTable&>(table(seq, layer, kv_head)), slot,
+                                         false);
 }
 
 const float* KvCache::value(int seq, int layer, int kv_head, int slot) const {
-  return const_cast<KvCache*>(this)->row(const_cast<HeadTable&>(table(seq, layer, kv_head)), slot, true);
+  return const_cast<KvCache*>(this)->row(const_cast<HeadTable&>(table(seq, layer, kv_head)), slot,
+                                         true);
 }
 
 size_t KvCache::metadata_bytes_in_use() const {
   size_t bytes = 0;
-  for (const HeadTable& t : tables_) bytes += t.meta.size() * sizeof(TokenMeta) + t.pages.size() * sizeof(int32_t);
+  for (const HeadTable& t : tables_)
+    bytes += t.meta.size() * sizeof(TokenMeta) + t.pages.size() * sizeof(int32_t);
   return bytes;
 }
 

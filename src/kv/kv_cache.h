@@ -1,7 +1,7 @@
 #pragma once
 // The KV cache: a paged pool plus, per (sequence, layer, KV head), a ragged table of the tokens it
-// retains. Only retained tokens occupy memory; eviction swap-removes a slot in O(1). Keys are stored
-// after RoPE, so a retained token never needs its neighbours again.
+// retains. Only retained tokens occupy memory; eviction swap-removes a slot in O(1). Keys are
+// stored after RoPE, so a retained token never needs its neighbours again.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -20,13 +20,17 @@ class KvPool {
   int32_t allocate();
   void release(int32_t page);
   float* keys(int32_t page) { return page_data(page); }
-  float* values(int32_t page) { return page_data(page) + static_cast<size_t>(page_size_) * head_dim_; }
+  float* values(int32_t page) {
+    return page_data(page) + static_cast<size_t>(page_size_) * head_dim_;
+  }
   const float* keys(int32_t page) const { return const_cast<KvPool*>(this)->keys(page); }
   const float* values(int32_t page) const { return const_cast<KvPool*>(this)->values(page); }
 
   int page_size() const { return page_size_; }
   int head_dim() const { return head_dim_; }
-  size_t page_bytes() const { return 2 * static_cast<size_t>(page_size_) * head_dim_ * sizeof(float); }
+  size_t page_bytes() const {
+    return 2 * static_cast<size_t>(page_size_) * head_dim_ * sizeof(float);
+  }
   size_t pages_in_use() const { return pages_in_use_; }
   size_t pages_reserved() const { return chunks_.size() * kPagesPerChunk; }
 

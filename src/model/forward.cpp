@@ -18,8 +18,9 @@ void validate_batch(const ModelSpec& spec, const KvCache& cache, const ForwardBa
            batch.tokens[i], i, spec.vocab_size);
     }
     if (batch.seq[i] < 0 || batch.seq[i] >= cache.num_sequences()) {
-      fail(ErrorKind::kInvalidArgument, "sequence {} at index {} is outside the cache's {} sequences",
-           batch.seq[i], i, cache.num_sequences());
+      fail(ErrorKind::kInvalidArgument,
+           "sequence {} at index {} is outside the cache's {} sequences", batch.seq[i], i,
+           cache.num_sequences());
     }
     if (batch.pos[i] < 0 || batch.pos[i] >= spec.max_position) {
       fail(ErrorKind::kInvalidArgument,
@@ -28,7 +29,8 @@ void validate_batch(const ModelSpec& spec, const KvCache& cache, const ForwardBa
     }
   }
   for (int32_t r : batch.logit_rows) {
-    if (r < 0 || r >= batch.size()) fail(ErrorKind::kInvalidArgument, "logit row {} out of range", r);
+    if (r < 0 || r >= batch.size())
+      fail(ErrorKind::kInvalidArgument, "logit row {} out of range", r);
   }
 }
 
@@ -64,11 +66,13 @@ void Forward::attention_block(int layer, const ForwardBatch& batch, const float*
   for (int t = 0; t < n; ++t) {
     for (int h = 0; h < s.num_kv_heads; ++h) {
       const size_t off = static_cast<size_t>(t) * s.kv_dim() + static_cast<size_t>(h) * d;
-      cache_.append(batch.seq[t], layer, h, k.data() + off, v.data() + off, TokenMeta{batch.pos[t], -1, 0.0f});
+      cache_.append(batch.seq[t], layer, h, k.data() + off, v.data() + off,
+                    TokenMeta{batch.pos[t], -1, 0.0f});
     }
   }
   std::vector<float> attn(static_cast<size_t>(n) * s.q_dim());
-  cpu::attention(cache_, layer, q.data(), batch.seq.data(), batch.pos.data(), n, s.num_heads, attn.data());
+  cpu::attention(cache_, layer, q.data(), batch.seq.data(), batch.pos.data(), n, s.num_heads,
+                 attn.data());
   cpu::linear(L.o, attn.data(), n, out, bias(L.o_bias));
 }
 
@@ -82,7 +86,8 @@ void mlp_accumulate(const Mlp& m, const float* x, int hidden, const std::vector<
   std::vector<float> xs(static_cast<size_t>(n) * hidden), g(static_cast<size_t>(n) * inter),
       u(static_cast<size_t>(n) * inter), y(static_cast<size_t>(n) * hidden);
   for (int i = 0; i < n; ++i) {
-    std::copy_n(x + static_cast<size_t>(rows[i]) * hidden, hidden, xs.data() + static_cast<size_t>(i) * hidden);
+    std::copy_n(x + static_cast<size_t>(rows[i]) * hidden, hidden,
+                xs.data() + static_cast<size_t>(i) * hidden);
   }
   cpu::linear(m.gate, xs.data(), n, g.data());
   cpu::linear(m.up, xs.data(), n, u.data());
@@ -125,8 +130,9 @@ void Forward::moe_block(int layer, int moe_index, const float* x, int n, float* 
     for (int e = 0; e < E; ++e) sum += prob[e] = std::exp(lr[e] - mx);
     for (int e = 0; e < E; ++e) prob[e] /= sum;
     std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + s.top_k, order.end(),
-                      [&](int a, int b) { return prob[a] > prob[b] || (prob[a] == prob[b] && a < b); });
+    std::partial_sort(order.begin(), order.begin() + s.top_k, order.end(), [&](int a, int b) {
+      return prob[a] > prob[b] || (prob[a] == prob[b] && a < b);
+    });
     float top_sum = 0.0f;
     for (int i = 0; i < s.top_k; ++i) top_sum += prob[order[i]];
     for (int i = 0; i < s.top_k; ++i) {
@@ -154,7 +160,8 @@ std::vector<float> Forward::run(const ForwardBatch& batch, ForwardObserver* obse
   const int n = batch.size();
   const int hidden = s.hidden_size;
   std::vector<float> x(static_cast<size_t>(n) * hidden), normed(x.size()), delta(x.size());
-  for (int t = 0; t < n; ++t) cpu::matrix_row(model_.embed(), batch.tokens[t], x.data() + static_cast<size_t>(t) * hidden);
+  for (int t = 0; t < n; ++t)
+    cpu::matrix_row(model_.embed(), batch.tokens[t], x.data() + static_cast<size_t>(t) * hidden);
 
   int moe_index = 0;
   for (int l = 0; l < s.num_layers; ++l) {
@@ -170,7 +177,8 @@ std::vector<float> Forward::run(const ForwardBatch& batch, ForwardObserver* obse
   // Each sequence's next position follows the highest position it received in this batch.
   for (int t = 0; t < n; ++t) {
     const int32_t next = batch.pos[t] + 1;
-    if (next > cache_.next_position(batch.seq[t])) cache_.advance(batch.seq[t], next - cache_.next_position(batch.seq[t]));
+    if (next > cache_.next_position(batch.seq[t]))
+      cache_.advance(batch.seq[t], next - cache_.next_position(batch.seq[t]));
   }
 
   std::vector<int32_t> rows = batch.logit_rows;
@@ -180,8 +188,8 @@ std::vector<float> Forward::run(const ForwardBatch& batch, ForwardObserver* obse
   }
   std::vector<float> final_x(rows.size() * hidden);
   for (size_t i = 0; i < rows.size(); ++i) {
-    cpu::rms_norm(x.data() + static_cast<size_t>(rows[i]) * hidden, final_x.data() + i * hidden, 1, hidden,
-                  model_.final_norm().data(), s.rms_eps);
+    cpu::rms_norm(x.data() + static_cast<size_t>(rows[i]) * hidden, final_x.data() + i * hidden, 1,
+                  hidden, model_.final_norm().data(), s.rms_eps);
   }
   std::vector<float> logits(rows.size() * static_cast<size_t>(s.vocab_size));
   cpu::linear(model_.lm_head(), final_x.data(), static_cast<int>(rows.size()), logits.data());

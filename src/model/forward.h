@@ -30,8 +30,8 @@ class ForwardObserver {
  public:
   virtual ~ForwardObserver() = default;
   // Router logits of one MoE layer: n_tokens rows of num_experts. moe_index counts MoE layers only.
-  virtual void on_router_logits(int /*layer*/, int /*moe_index*/, const float* /*logits*/, int /*n_tokens*/,
-                                int /*num_experts*/) {}
+  virtual void on_router_logits(int /*layer*/, int /*moe_index*/, const float* /*logits*/,
+                                int /*n_tokens*/, int /*num_experts*/) {}
 };
 
 class Forward {
@@ -43,14 +43,16 @@ class Forward {
 
  private:
   void attention_block(int layer, const ForwardBatch& batch, const float* x, float* out);
-  void moe_block(int layer, int moe_index, const float* x, int n, float* out, ForwardObserver* observer);
+  void moe_block(int layer, int moe_index, const float* x, int n, float* out,
+                 ForwardObserver* observer);
 
   const Model& model_;
   KvCache& cache_;
   cpu::Rope rope_;
 };
 
-// Checks token ids against the vocabulary and positions against the context; throws kInvalidArgument.
+// Checks token ids against the vocabulary and positions against the context; throws
+// kInvalidArgument.
 void validate_batch(const ModelSpec& spec, const KvCache& cache, const ForwardBatch& batch);
 
 }  // namespace ekva

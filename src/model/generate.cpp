@@ -14,7 +14,8 @@ Sampler::Sampler(const SamplingOptions& options) : options_(options), rng_(optio
   if (options.top_p <= 0.0f || options.top_p > 1.0f) {
     fail(ErrorKind::kInvalidArgument, "top-p must be in (0, 1], got {}", options.top_p);
   }
-  if (options.top_k < 0) fail(ErrorKind::kInvalidArgument, "top-k must be >= 0, got {}", options.top_k);
+  if (options.top_k < 0)
+    fail(ErrorKind::kInvalidArgument, "top-k must be >= 0, got {}", options.top_k);
 }
 
 int32_t Sampler::sample(const float* logits, int vocab) {
@@ -23,12 +24,15 @@ int32_t Sampler::sample(const float* logits, int vocab) {
   }
   std::vector<int32_t> ids(vocab);
   std::iota(ids.begin(), ids.end(), 0);
-  std::sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+  std::sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
   size_t keep = options_.top_k > 0 ? std::min<size_t>(options_.top_k, vocab) : vocab;
   std::vector<double> p(keep);
   const double mx = logits[ids[0]];
   double sum = 0.0;
-  for (size_t i = 0; i < keep; ++i) sum += p[i] = std::exp((logits[ids[i]] - mx) / options_.temperature);
+  for (size_t i = 0; i < keep; ++i)
+    sum += p[i] = std::exp((logits[ids[i]] - mx) / options_.temperature);
   if (options_.top_p < 1.0f) {
     double cum = 0.0;
     size_t cut = keep;
@@ -52,10 +56,12 @@ GenerateResult generate(const Model& model, KvCache& cache, const std::vector<in
   if (prompt.empty()) fail(ErrorKind::kInvalidArgument, "the prompt is empty");
   if (options.max_new_tokens < 0) fail(ErrorKind::kInvalidArgument, "max-new-tokens must be >= 0");
   if (static_cast<int64_t>(prompt.size()) > s.max_position) {
-    fail(ErrorKind::kInvalidArgument, "the prompt has {} tokens, longer than the model's context of {}",
-         prompt.size(), s.max_position);
+    fail(ErrorKind::kInvalidArgument,
+         "the prompt has {} tokens, longer than the model's context of {}", prompt.size(),
+         s.max_position);
   }
-  if (cache.next_position(0) != 0) fail(ErrorKind::kInvalidArgument, "generate needs an empty cache");
+  if (cache.next_position(0) != 0)
+    fail(ErrorKind::kInvalidArgument, "generate needs an empty cache");
   using Clock = std::chrono::steady_clock;
   Forward forward(model, cache);
   Sampler sampler(options.sampling);
@@ -72,11 +78,13 @@ GenerateResult generate(const Model& model, KvCache& cache, const std::vector<in
 
   t0 = Clock::now();
   // Stop at the context end rather than fail: the prompt fitted, so what was generated is valid.
-  const int budget = std::min<int64_t>(options.max_new_tokens, s.max_position - static_cast<int64_t>(prompt.size()) + 1);
+  const int budget = std::min<int64_t>(options.max_new_tokens,
+                                       s.max_position - static_cast<int64_t>(prompt.size()) + 1);
   for (int i = 0; i < budget; ++i) {
     const int32_t next = sampler.sample(logits.data(), s.vocab_size);
     r.tokens.push_back(next);
-    if (options.stop_at_eos && std::find(s.eos_ids.begin(), s.eos_ids.end(), next) != s.eos_ids.end()) {
+    if (options.stop_at_eos &&
+        std::find(s.eos_ids.begin(), s.eos_ids.end(), next) != s.eos_ids.end()) {
       r.stopped_at_eos = true;
       break;
     }

@@ -29,8 +29,8 @@ class WeightReader {
  private:
   static void check_float(const TensorView& t) {
     if (t.dtype != DType::kF32 && t.dtype != DType::kBF16 && t.dtype != DType::kF16) {
-      fail(ErrorKind::kUnsupported, "tensor '{}' has dtype {}; weights must be F32, BF16 or F16", t.name,
-           dtype_name(t.dtype));
+      fail(ErrorKind::kUnsupported, "tensor '{}' has dtype {}; weights must be F32, BF16 or F16",
+           t.name, dtype_name(t.dtype));
     }
   }
   const TensorStore& store_;
@@ -38,7 +38,8 @@ class WeightReader {
 
 Mlp read_mlp(const WeightReader& w, const std::string& prefix, const char* gate, const char* up,
              const char* down, int hidden, int inter) {
-  return Mlp{w.matrix(prefix + gate + ".weight", inter, hidden), w.matrix(prefix + up + ".weight", inter, hidden),
+  return Mlp{w.matrix(prefix + gate + ".weight", inter, hidden),
+             w.matrix(prefix + up + ".weight", inter, hidden),
              w.matrix(prefix + down + ".weight", hidden, inter)};
 }
 
@@ -56,8 +57,9 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir) {
   const WeightReader w(m->store_);
   const int h = s.hidden_size;
   m->embed_ = w.matrix("model.embed_tokens.weight", s.vocab_size, h);
-  m->lm_head_ = s.tie_embeddings && !w.has("lm_head.weight") ? m->embed_
-                                                             : w.matrix("lm_head.weight", s.vocab_size, h);
+  m->lm_head_ = s.tie_embeddings && !w.has("lm_head.weight")
+                    ? m->embed_
+                    : w.matrix("lm_head.weight", s.vocab_size, h);
   m->final_norm_ = w.vector("model.norm.weight", h);
   m->layers_.resize(s.num_layers);
   const bool mixtral = s.arch == Architecture::kMixtral;
@@ -84,18 +86,21 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir) {
       L.k_norm = w.vector(p + "self_attn.k_norm.weight", s.kv_dim());
     }
     if (!s.layer_is_moe[l]) {
-      L.dense = read_mlp(w, p + "mlp.", "gate_proj", "up_proj", "down_proj", h, s.dense_intermediate);
+      L.dense =
+          read_mlp(w, p + "mlp.", "gate_proj", "up_proj", "down_proj", h, s.dense_intermediate);
       continue;
     }
     const std::string moe = p + (mixtral ? "block_sparse_moe." : "mlp.");
     L.router = w.matrix(moe + "gate.weight", s.num_experts, h);
     for (int e = 0; e < s.num_experts; ++e) {
       const std::string ep = fmt::format("{}experts.{}.", moe, e);
-      L.experts.push_back(mixtral ? read_mlp(w, ep, "w1", "w3", "w2", h, s.expert_intermediate)
-                                  : read_mlp(w, ep, "gate_proj", "up_proj", "down_proj", h, s.expert_intermediate));
+      L.experts.push_back(
+          mixtral ? read_mlp(w, ep, "w1", "w3", "w2", h, s.expert_intermediate)
+                  : read_mlp(w, ep, "gate_proj", "up_proj", "down_proj", h, s.expert_intermediate));
     }
     if (s.shared_intermediate > 0) {
-      L.shared = read_mlp(w, moe + "shared_expert.", "gate_proj", "up_proj", "down_proj", h, s.shared_intermediate);
+      L.shared = read_mlp(w, moe + "shared_expert.", "gate_proj", "up_proj", "down_proj", h,
+                          s.shared_intermediate);
       if (s.shared_expert_gated) L.shared_gate = w.matrix(moe + "shared_expert_gate.weight", 1, h);
     }
   }

@@ -21,9 +21,9 @@ struct LayerWeights {
   std::vector<float> q_norm, k_norm;                  // empty unless spec.qk_norm != kNone
   cpu::Matrix router;                                 // MoE layers only
   std::vector<Mlp> experts;
-  Mlp shared;                 // used when spec.shared_intermediate > 0
-  cpu::Matrix shared_gate;    // [1, hidden] when the shared expert is gated
-  Mlp dense;                  // layers without a router
+  Mlp shared;               // used when spec.shared_intermediate > 0
+  cpu::Matrix shared_gate;  // [1, hidden] when the shared expert is gated
+  Mlp dense;                // layers without a router
 };
 
 class Model {

@@ -4,10 +4,14 @@ namespace ekva {
 
 const char* architecture_name(Architecture arch) {
   switch (arch) {
-    case Architecture::kMixtral: return "mixtral";
-    case Architecture::kQwen2Moe: return "qwen2_moe";
-    case Architecture::kQwen3Moe: return "qwen3_moe";
-    case Architecture::kOlmoe: return "olmoe";
+    case Architecture::kMixtral:
+      return "mixtral";
+    case Architecture::kQwen2Moe:
+      return "qwen2_moe";
+    case Architecture::kQwen3Moe:
+      return "qwen3_moe";
+    case Architecture::kOlmoe:
+      return "olmoe";
   }
   return "?";
 }
@@ -27,9 +31,8 @@ ModelSpec::ParameterCount ModelSpec::parameters() const {
   if (qk_norm == QkNorm::kWholeProjection) attn += q_dim() + kv_dim();
   const int64_t norms = 2 * h;
   const int64_t expert = 3 * h * expert_intermediate;
-  const int64_t shared = shared_intermediate > 0 ? 3 * h * shared_intermediate +
-                                                       (shared_expert_gated ? h : 0)
-                                                 : 0;
+  const int64_t shared =
+      shared_intermediate > 0 ? 3 * h * shared_intermediate + (shared_expert_gated ? h : 0) : 0;
   ParameterCount p;
   for (int l = 0; l < num_layers; ++l) {
     const int64_t base = attn + norms;

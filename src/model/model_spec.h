@@ -13,7 +13,8 @@ namespace ekva {
 enum class Architecture { kMixtral, kQwen2Moe, kQwen3Moe, kOlmoe };
 const char* architecture_name(Architecture arch);
 
-// Where q/k RMSNorm applies: none; per head over head_dim (Qwen3-MoE); over the whole projection (OLMoE).
+// Where q/k RMSNorm applies: none; per head over head_dim (Qwen3-MoE); over the whole projection
+// (OLMoE).
 enum class QkNorm { kNone, kPerHead, kWholeProjection };
 
 enum class RopeScaling { kNone, kLinear, kLlama3, kYarn };

@@ -21,7 +21,9 @@ class RouterCapture : public ForwardObserver {
   std::vector<std::vector<float>> logits;
 };
 
-std::string fixture(const std::string& name) { return std::string(EKVA_FIXTURES) + "/hf-tiny/" + name; }
+std::string fixture(const std::string& name) {
+  return std::string(EKVA_FIXTURES) + "/hf-tiny/" + name;
+}
 
 // max |a - b| relative to max |b|
 double relative_error(const float* a, const float* b, size_t n) {
@@ -52,12 +54,14 @@ TEST_P(Parity, BatchedForwardMatchesLogitsAndRouterLogits) {
   const std::vector<float> logits = Forward(*model, cache).run(batch, &capture);
   const TensorView& want = ref.get("logits");
   ASSERT_EQ(static_cast<size_t>(want.numel()), logits.size());
-  EXPECT_LE(relative_error(logits.data(), static_cast<const float*>(want.data), logits.size()), 1e-3);
+  EXPECT_LE(relative_error(logits.data(), static_cast<const float*>(want.data), logits.size()),
+            1e-3);
   ASSERT_EQ(static_cast<int>(capture.logits.size()), s.num_moe_layers());
   for (int i = 0; i < s.num_moe_layers(); ++i) {
     const TensorView& r = ref.get("router_logits." + std::to_string(i));
     ASSERT_EQ(static_cast<size_t>(r.numel()), capture.logits[i].size());
-    EXPECT_LE(relative_error(capture.logits[i].data(), static_cast<const float*>(r.data), capture.logits[i].size()),
+    EXPECT_LE(relative_error(capture.logits[i].data(), static_cast<const float*>(r.data),
+                             capture.logits[i].size()),
               1e-3)
         << "router layer " << i;
   }
@@ -68,7 +72,8 @@ TEST_P(Parity, GreedyGenerationMatches) {
   SafetensorsFile ref(fixture(GetParam()) + "/reference.safetensors");
   const TensorView& p = ref.get("greedy_prompt");
   const TensorView& out = ref.get("greedy_output");
-  std::vector<int32_t> prompt(static_cast<const int64_t*>(p.data), static_cast<const int64_t*>(p.data) + p.numel());
+  std::vector<int32_t> prompt(static_cast<const int64_t*>(p.data),
+                              static_cast<const int64_t*>(p.data) + p.numel());
   std::vector<int32_t> want(static_cast<const int64_t*>(out.data),
                             static_cast<const int64_t*>(out.data) + out.numel());
   KvCache cache(model->spec(), 1);
@@ -108,7 +113,8 @@ TEST_P(Parity, PrefillThenDecodeEqualsOneForward) {
 }
 
 INSTANTIATE_TEST_SUITE_P(HfTiny, Parity,
-                         ::testing::Values("tiny-mixtral", "tiny-qwen2_moe", "tiny-qwen3_moe", "tiny-olmoe"),
+                         ::testing::Values("tiny-mixtral", "tiny-qwen2_moe", "tiny-qwen3_moe",
+                                           "tiny-olmoe"),
                          [](const ::testing::TestParamInfo<std::string>& p) {
                            std::string n = p.param;
                            std::replace(n.begin(), n.end(), '-', '_');

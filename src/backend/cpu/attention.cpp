@@ -7,8 +7,8 @@
 
 namespace ekva::cpu {
 
-void attention(const KvCache& cache, int layer, const float* q, const int32_t* seq, const int32_t* pos,
-               int n, int num_heads, float* out) {
+void attention(const KvCache& cache, int layer, const float* q, const int32_t* seq,
+               const int32_t* pos, int n, int num_heads, float* out) {
   const int d = cache.head_dim();
   const int group = num_heads / cache.num_kv_heads();
   const int page = cache.page_size();
@@ -31,7 +31,8 @@ void attention(const KvCache& cache, int layer, const float* q, const int32_t* s
           scores[s] = -std::numeric_limits<float>::infinity();
           continue;
         }
-        const float* k = cache.pool().keys(table.pages[s / page]) + static_cast<size_t>(s % page) * d;
+        const float* k =
+            cache.pool().keys(table.pages[s / page]) + static_cast<size_t>(s % page) * d;
         float dot = 0.0f;
         for (int i = 0; i < d; ++i) dot += qv[i] * k[i];
         scores[s] = dot * scale;
@@ -43,7 +44,8 @@ void attention(const KvCache& cache, int layer, const float* q, const int32_t* s
         if (scores[s] == -std::numeric_limits<float>::infinity()) continue;
         const float p = std::exp(scores[s] - max_score);
         denom += p;
-        const float* v = cache.pool().values(table.pages[s / page]) + static_cast<size_t>(s % page) * d;
+        const float* v =
+            cache.pool().values(table.pages[s / page]) + static_cast<size_t>(s % page) * d;
         for (int i = 0; i < d; ++i) acc[i] += p * v[i];
       }
       float* o = out + (static_cast<size_t>(t) * num_heads + h) * d;

@@ -18,7 +18,9 @@ namespace {
 constexpr int kGemvMaxRows = 4;
 
 #ifdef EKVA_AVX2
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const float* p) {
+  return _mm256_loadu_ps(p);
+}
 inline __m256 load8(const uint16_t* p, DType dtype) {
   const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   if (dtype == DType::kF16) return _mm256_cvtph_ps(h);
@@ -34,16 +36,20 @@ inline float hsum(__m256 v) {
 
 inline float load1(const void* row, int i, DType dtype) {
   switch (dtype) {
-    case DType::kF32: return static_cast<const float*>(row)[i];
-    case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(row)[i]);
-    default: return f16_to_f32(static_cast<const uint16_t*>(row)[i]);
+    case DType::kF32:
+      return static_cast<const float*>(row)[i];
+    case DType::kBF16:
+      return bf16_to_f32(static_cast<const uint16_t*>(row)[i]);
+    default:
+      return f16_to_f32(static_cast<const uint16_t*>(row)[i]);
   }
 }
 
 // acc[t] = dot(x[t], row) for t < n (n <= kGemvMaxRows).
 void row_dots(const Matrix& w, int r, const float* x, int n, float* acc) {
   const int k = w.cols;
-  const char* row = static_cast<const char*>(w.data) + static_cast<size_t>(r) * k * dtype_size(w.dtype);
+  const char* row =
+      static_cast<const char*>(w.data) + static_cast<size_t>(r) * k * dtype_size(w.dtype);
   int i = 0;
 #ifdef EKVA_AVX2
   __m256 s[kGemvMaxRows];
@@ -52,7 +58,8 @@ void row_dots(const Matrix& w, int r, const float* x, int n, float* acc) {
     const __m256 wv = w.dtype == DType::kF32
                           ? load8(reinterpret_cast<const float*>(row) + i)
                           : load8(reinterpret_cast<const uint16_t*>(row) + i, w.dtype);
-    for (int t = 0; t < n; ++t) s[t] = _mm256_fmadd_ps(wv, load8(x + static_cast<size_t>(t) * k + i), s[t]);
+    for (int t = 0; t < n; ++t)
+      s[t] = _mm256_fmadd_ps(wv, load8(x + static_cast<size_t>(t) * k + i), s[t]);
   }
   for (int t = 0; t < n; ++t) acc[t] = hsum(s[t]);
 #else
@@ -90,8 +97,8 @@ void linear(const Matrix& w, const float* x, int n, float* y, const float* bias)
     }
     wf = converted.data();
   }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, w.rows, w.cols, 1.0f, x, w.cols, wf, w.cols,
-              0.0f, y, w.rows);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, w.rows, w.cols, 1.0f, x, w.cols, wf,
+              w.cols, 0.0f, y, w.rows);
   if (bias != nullptr) {
     for (int t = 0; t < n; ++t) {
       float* yr = y + static_cast<size_t>(t) * w.rows;

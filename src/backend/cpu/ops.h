@@ -1,5 +1,6 @@
 #pragma once
-// CPU reference operators. float32 activations; weights in their stored dtype, converted on the fly.
+// CPU reference operators. float32 activations; weights in their stored dtype, converted on the
+// fly.
 #include <cstdint>
 #include <vector>
 
@@ -18,8 +19,8 @@ struct Matrix {
   size_t bytes() const { return static_cast<size_t>(rows) * cols * dtype_size(dtype); }
 };
 
-// y[n, w.rows] = x[n, w.cols] · wᵀ (+ bias). Few rows: a streaming GEMV that reads the weights once;
-// more: BLAS sgemm on float32 weights.
+// y[n, w.rows] = x[n, w.cols] · wᵀ (+ bias). Few rows: a streaming GEMV that reads the weights
+// once; more: BLAS sgemm on float32 weights.
 void linear(const Matrix& w, const float* x, int n, float* y, const float* bias = nullptr);
 
 // Row r of w converted to float32 (embedding lookup).

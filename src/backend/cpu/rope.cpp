@@ -7,7 +7,8 @@
 namespace ekva::cpu {
 namespace {
 
-// YaRN: the rotary dimension whose wavelength completes `rotations` turns over the original context.
+// YaRN: the rotary dimension whose wavelength completes `rotations` turns over the original
+// context.
 double yarn_correction_dim(double rotations, int dim, double base, int max_position) {
   return dim * std::log(max_position / (rotations * 2 * std::numbers::pi)) / (2 * std::log(base));
 }
@@ -19,7 +20,8 @@ Rope::Rope(const RopeSpec& rope, int head_dim)
   const int half = head_dim / 2;
   for (int i = 0; i < half; ++i) inv_freq_[i] = 1.0 / std::pow(rope.theta, 2.0 * i / head_dim);
   switch (rope.scaling) {
-    case RopeScaling::kNone: break;
+    case RopeScaling::kNone:
+      break;
     case RopeScaling::kLinear:
       for (double& f : inv_freq_) f /= rope.factor;
       break;
@@ -32,16 +34,18 @@ Rope::Rope(const RopeSpec& rope, int head_dim)
         if (wavelen > low_wavelen) {
           f /= rope.factor;
         } else if (wavelen >= high_wavelen) {
-          const double smooth =
-              (old_len / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor);
+          const double smooth = (old_len / wavelen - rope.low_freq_factor) /
+                                (rope.high_freq_factor - rope.low_freq_factor);
           f = (1 - smooth) * f / rope.factor + smooth * f;
         }
       }
       break;
     }
     case RopeScaling::kYarn: {
-      double low = std::floor(yarn_correction_dim(rope.beta_fast, head_dim, rope.theta, rope.original_max_position));
-      double high = std::ceil(yarn_correction_dim(rope.beta_slow, head_dim, rope.theta, rope.original_max_position));
+      double low = std::floor(
+          yarn_correction_dim(rope.beta_fast, head_dim, rope.theta, rope.original_max_position));
+      double high = std::ceil(
+          yarn_correction_dim(rope.beta_slow, head_dim, rope.theta, rope.original_max_position));
       low = std::max(low, 0.0);
       high = std::min(high, static_cast<double>(head_dim - 1));
       if (low == high) high += 0.001;
@@ -49,7 +53,8 @@ Rope::Rope(const RopeSpec& rope, int head_dim)
         const double ramp = std::clamp((i - low) / (high - low), 0.0, 1.0);
         const double extrapolation_weight = 1.0 - ramp;
         const double extrapolated = inv_freq_[i];
-        inv_freq_[i] = extrapolated / rope.factor * (1 - extrapolation_weight) + extrapolated * extrapolation_weight;
+        inv_freq_[i] = extrapolated / rope.factor * (1 - extrapolation_weight) +
+                       extrapolated * extrapolation_weight;
       }
       attention_factor_ = rope.attention_factor;
       break;
