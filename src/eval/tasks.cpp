@@ -1,0 +1,369 @@
+#include "eval/tasks.h"
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <random>
+
+#include "core/error.h"
+
+namespace ekva {
+namespace {
+
+// std::mt19937_64's output is fixed by the standard, but the std distributions are not, so the
+// draws below are written out to keep instances identical across standard libraries.
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : engine_(seed) {}
+
+  // Uniform in [0, n), by rejection so that no value is favoured.
+  uint64_t below(uint64_t n) {
+    const uint64_t threshold = (0 - n) % n;
+    for (;;) {
+      const uint64_t r = engine_();
+      if (r >= threshold) return r % n;
+    }
+  }
+
+  // A number of `n` decimal digits without a leading zero.
+  std::string digits(int n) {
+    std::string s(1, static_cast<char>('1' + below(9)));
+    while (static_cast<int>(s.size()) < n) s += static_cast<char>('0' + below(10));
+    return s;
+  }
+
+  std::string letters(int n, std::string_view alphabet) {
+    std::string s;
+    while (static_cast<int>(s.size()) < n) s += alphabet[below(alphabet.size())];
+    return s;
+  }
+
+  template <typename T>
+  void shuffle(std::vector<T>& v) {
+    for (size_t i = v.size(); i > 1; --i) std::swap(v[i - 1], v[below(i)]);
+  }
+
+ private:
+  std::mt19937_64 engine_;
+};
+
+constexpr std::array<std::string_view, 5> kNoise = {"The grass is green.", "The sky is blue.",
+                                                    "The sun is yellow.", "Here we go.",
+                                                    "There and back again."};
+
+constexpr std::array<std::string_view, 32> kAdjectives = {
+    "amber",  "brave",  "calm",    "dusty",  "eager",  "faint",  "gentle", "hollow",
+    "icy",    "jolly",  "keen",    "lively", "mellow", "narrow", "odd",    "pale",
+    "quiet",  "rapid",  "silent",  "tall",   "urban",  "vivid",  "wild",   "young",
+    "bitter", "clever", "distant", "early",  "fierce", "golden", "humble", "silver"};
+constexpr std::array<std::string_view, 32> kNouns = {
+    "anchor", "badger", "canyon", "dragon",  "engine",   "falcon", "garden",  "harbor",
+    "island", "jacket", "kettle", "lantern", "meadow",   "needle", "orchard", "pepper",
+    "quarry", "river",  "saddle", "tunnel",  "umbrella", "valley", "walnut",  "yard",
+    "beacon", "candle", "forest", "glacier", "hammer",   "mirror", "pebble",  "violin"};
+
+constexpr std::string_view kHex = "0123456789abcdef";
+constexpr std::string_view kUpper = "ABCDEFGHIJKLMNOPQRSTUVWXYZ";
+
+// A prompt before its length is fitted: facts to hide, in order, among filler.
+struct Layout {
+  std::string header;
+  std::vector<std::string> facts;
+  std::string question;
+  std::string answer;
+};
+
+class FillerSource {
+ public:
+  FillerSource(const std::vector<std::string>* paragraphs, Rng& rng)
+      : paragraphs_(paragraphs != nullptr && !paragraphs->empty() ? paragraphs : nullptr),
+        start_(paragraphs_ != nullptr ? rng.below(paragraphs_->size()) : 0) {}
+
+  std::string_view separator() const { return paragraphs_ != nullptr ? "\n\n" : " "; }
+  std::string_view unit(size_t i) const {
+    if (paragraphs_ != nullptr) return (*paragraphs_)[(start_ + i) % paragraphs_->size()];
+    return kNoise[i % kNoise.size()];
+  }
+  size_t distinct_units() const {
+    return paragraphs_ != nullptr ? paragraphs_->size() : kNoise.size();
+  }
+
+ private:
+  const std::vector<std::string>* paragraphs_;
+  size_t start_;
+};
+
+std::string join_context(const Layout& layout, const std::vector<std::string_view>& filler,
+                         const std::vector<size_t>& fact_positions, std::string_view separator) {
+  std::string text = layout.header;
+  size_t next_fact = 0;
+  for (size_t i = 0; i <= filler.size(); ++i) {
+    while (next_fact < layout.facts.size() && fact_positions[next_fact] == i) {
+      text += separator;
+      text += layout.facts[next_fact++];
+    }
+    if (i < filler.size()) {
+      text += separator;
+      text += filler[i];
+    }
+  }
+  return text;
+}
+
+// Fills the room the facts leave with filler, hides the facts at uniform depths (keeping their
+// order), and trims until the exact count of the prompt fits.
+TaskInstance fit_layout(TaskKind kind, uint64_t seed, Layout layout, Rng& rng,
+                        const TaskOptions& options, const TokenCounter& count_tokens) {
+  size_t fixed = count_tokens(layout.header) + count_tokens(layout.question);
+  for (const auto& fact : layout.facts) fixed += count_tokens(fact);
+  if (fixed > options.prompt_tokens) {
+    fail(ErrorKind::kInvalidArgument,
+         "task {}: a prompt of {} tokens is too short; its facts and question alone take {}",
+         task_name(kind), options.prompt_tokens, fixed);
+  }
+  FillerSource source(options.filler, rng);
+  std::vector<std::string_view> filler;
+  size_t room = options.prompt_tokens - fixed;
+  // A unit that does not fit is skipped, so shorter ones after it can still fill the room; stop
+  // once every distinct unit has been tried in a row without fitting.
+  for (size_t i = 0, misses = 0; misses < source.distinct_units(); ++i) {
+    const std::string_view unit = source.unit(i);
+    const size_t n = count_tokens(std::string(unit));
+    if (n <= room) {
+      filler.push_back(unit);
+      room -= n;
+      misses = 0;
+    } else {
+      ++misses;
+    }
+  }
+  std::vector<size_t> positions(layout.facts.size());
+  for (auto& p : positions) p = rng.below(filler.size() + 1);
+  std::sort(positions.begin(), positions.end());
+
+  TaskInstance instance{kind, seed, {}, layout.question, layout.answer, 0};
+  for (;;) {
+    instance.context = join_context(layout, filler, positions, source.separator());
+    instance.prompt_tokens = count_tokens(instance.prompt());
+    if (instance.prompt_tokens <= options.prompt_tokens || filler.empty()) break;
+    filler.pop_back();
+    for (auto& p : positions) p = std::min(p, filler.size());
+  }
+  if (instance.prompt_tokens > options.prompt_tokens) {
+    fail(ErrorKind::kInvalidArgument, "task {}: the prompt takes {} tokens, more than {}",
+         task_name(kind), instance.prompt_tokens, options.prompt_tokens);
+  }
+  return instance;
+}
+
+Layout passkey_layout(Rng& rng) {
+  const std::string key = rng.digits(5);
+  return {
+      "There is an important info hidden inside a lot of irrelevant text. Find it and memorize "
+      "it. I will quiz you about the important information there.",
+      {"The pass key is " + key + ". Remember it. " + key + " is the pass key."},
+      "\nWhat is the pass key? The pass key is",
+      " " + key};
+}
+
+Layout multikey_layout(Rng& rng) {
+  constexpr int kNeedles = 4;
+  std::vector<std::string> keys;
+  while (static_cast<int>(keys.size()) < kNeedles) {
+    std::string key = std::string(kAdjectives[rng.below(kAdjectives.size())]) + "-" +
+                      std::string(kNouns[rng.below(kNouns.size())]);
+    if (std::find(keys.begin(), keys.end(), key) == keys.end()) keys.push_back(std::move(key));
+  }
+  Layout layout;
+  layout.header =
+      "Some special magic numbers are hidden within the following text. Make sure to memorize "
+      "them. I will quiz you about the numbers afterwards.";
+  std::vector<std::string> numbers;
+  for (const auto& key : keys) {
+    numbers.push_back(rng.digits(7));
+    layout.facts.push_back("One of the special magic numbers for " + key +
+                           " is: " + numbers.back() + ".");
+  }
+  const size_t asked = rng.below(kNeedles);
+  layout.question = "\nWhat is the special magic number for " + keys[asked] +
+                    " mentioned in the provided text? The special magic number for " + keys[asked] +
+                    " mentioned in the provided text is";
+  layout.answer = " " + numbers[asked];
+  return layout;
+}
+
+Layout variable_tracking_layout(Rng& rng) {
+  constexpr int kChains = 2, kHops = 4;
+  std::vector<std::string> names;
+  while (static_cast<int>(names.size()) < kChains * (kHops + 1)) {
+    std::string name = rng.letters(5, kUpper);
+    if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+  }
+  std::vector<std::string> values;
+  while (static_cast<int>(values.size()) < kChains) {
+    std::string value = rng.digits(5);
+    if (std::find(values.begin(), values.end(), value) == values.end()) values.push_back(value);
+  }
+  // Each chain's assignments must stay in order; the chains are interleaved at random.
+  std::vector<std::vector<std::string>> chains(kChains);
+  for (int c = 0; c < kChains; ++c) {
+    const std::string* chain_names = &names[static_cast<size_t>(c) * (kHops + 1)];
+    chains[c].push_back("VAR " + chain_names[0] + " = " + values[c] + ".");
+    for (int h = 1; h <= kHops; ++h) {
+      chains[c].push_back("VAR " + chain_names[h] + " = VAR " + chain_names[h - 1] + ".");
+    }
+  }
+  Layout layout;
+  layout.header =
+      "Memorize and track the chain(s) of variable assignment hidden in the following text.";
+  std::vector<size_t> next(kChains, 0);
+  for (size_t remaining = kChains * (kHops + 1); remaining > 0; --remaining) {
+    size_t pick = rng.below(remaining);
+    for (int c = 0; c < kChains; ++c) {
+      const size_t left = chains[c].size() - next[c];
+      if (pick < left) {
+        layout.facts.push_back(chains[c][next[c]++]);
+        break;
+      }
+      pick -= left;
+    }
+  }
+  const size_t asked = rng.below(kChains);
+  layout.question = "\nQuestion: Find all variables that are assigned the value " + values[asked] +
+                    " in the text above.\nAnswer: The variables assigned the value " +
+                    values[asked] + " are:";
+  for (int h = 0; h <= kHops; ++h) layout.answer += " " + names[asked * (kHops + 1) + h];
+  return layout;
+}
+
+// The whole context is key-value pairs, so its length is fitted by the number of pairs.
+TaskInstance kv_retrieval(uint64_t seed, Rng& rng, const TaskOptions& options,
+                          const TokenCounter& count_tokens) {
+  const std::string header =
+      "Extract the value corresponding to the specified key in the JSON object below.\n{";
+  const std::string question_head = "\n}\nWhat is the value of the key \"";
+  const std::string question_tail = "\"? The value is";
+  auto line = [](const std::pair<std::string, std::string>& kv) {
+    return "\n  \"" + kv.first + "\": \"" + kv.second + "\",";
+  };
+  // A question naming a key takes as many tokens as one with any other key of the same form.
+  const size_t fixed =
+      count_tokens(header) + count_tokens(question_head + "00000000" + question_tail);
+  if (fixed > options.prompt_tokens) {
+    fail(ErrorKind::kInvalidArgument, "task kv-retrieval: a prompt of {} tokens is too short",
+         options.prompt_tokens);
+  }
+  std::vector<std::pair<std::string, std::string>> pairs;
+  size_t room = options.prompt_tokens - fixed;
+  for (;;) {
+    std::pair<std::string, std::string> kv{rng.letters(8, kHex), rng.letters(8, kHex)};
+    const size_t n = count_tokens(line(kv));
+    if (n > room) break;
+    room -= n;
+    pairs.push_back(std::move(kv));
+  }
+  const size_t asked_draw = rng.below(1u << 30);
+  TaskInstance instance{TaskKind::kKvRetrieval, seed, {}, {}, {}, 0};
+  for (;;) {
+    if (pairs.empty()) {
+      fail(ErrorKind::kInvalidArgument,
+           "task kv-retrieval: a prompt of {} tokens cannot hold a key-value pair",
+           options.prompt_tokens);
+    }
+    const auto& asked = pairs[asked_draw % pairs.size()];
+    instance.context = header;
+    for (const auto& kv : pairs) instance.context += line(kv);
+    instance.question = question_head + asked.first + question_tail;
+    instance.answer = " " + asked.second;
+    instance.prompt_tokens = count_tokens(instance.prompt());
+    if (instance.prompt_tokens <= options.prompt_tokens) return instance;
+    pairs.pop_back();
+  }
+}
+
+}  // namespace
+
+std::string_view task_name(TaskKind kind) {
+  switch (kind) {
+    case TaskKind::kPasskey:
+      return "passkey";
+    case TaskKind::kMultiKeyNeedle:
+      return "multikey-needle";
+    case TaskKind::kKvRetrieval:
+      return "kv-retrieval";
+    case TaskKind::kVariableTracking:
+      return "variable-tracking";
+  }
+  return "unknown";
+}
+
+const std::vector<TaskKind>& all_tasks() {
+  static const std::vector<TaskKind> kinds = {TaskKind::kPasskey, TaskKind::kMultiKeyNeedle,
+                                              TaskKind::kKvRetrieval, TaskKind::kVariableTracking};
+  return kinds;
+}
+
+TaskKind parse_task_name(std::string_view name) {
+  std::string known;
+  for (TaskKind kind : all_tasks()) {
+    if (task_name(kind) == name) return kind;
+    known += (known.empty() ? "" : ", ") + std::string(task_name(kind));
+  }
+  fail(ErrorKind::kInvalidArgument, "unknown task '{}' (known: {})", name, known);
+}
+
+uint64_t instance_seed(uint64_t base_seed, uint64_t index) {
+  // splitmix64 of the pair, so that neighbouring seeds and indices give unrelated streams.
+  uint64_t z = base_seed + 0x9e3779b97f4a7c15ull * (index + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+TaskInstance generate_task(TaskKind kind, uint64_t seed, const TaskOptions& options,
+                           const TokenCounter& count_tokens) {
+  Rng rng(seed);
+  switch (kind) {
+    case TaskKind::kPasskey:
+      return fit_layout(kind, seed, passkey_layout(rng), rng, options, count_tokens);
+    case TaskKind::kMultiKeyNeedle:
+      return fit_layout(kind, seed, multikey_layout(rng), rng, options, count_tokens);
+    case TaskKind::kVariableTracking:
+      return fit_layout(kind, seed, variable_tracking_layout(rng), rng, options, count_tokens);
+    case TaskKind::kKvRetrieval:
+      return kv_retrieval(seed, rng, options, count_tokens);
+  }
+  fail(ErrorKind::kInvalidArgument, "unknown task kind {}", static_cast<int>(kind));
+}
+
+bool answer_matches(const TaskInstance& instance, std::string_view continuation) {
+  // The answer must be the whole next word group: "58213" does not answer with "582130".
+  auto skip_spaces = [](std::string_view s) {
+    const auto first = s.find_first_not_of(' ');
+    return first == std::string_view::npos ? std::string_view{} : s.substr(first);
+  };
+  const std::string_view answer = skip_spaces(instance.answer);
+  const std::string_view given = skip_spaces(continuation);
+  if (given.substr(0, answer.size()) != answer) return false;
+  return given.size() == answer.size() ||
+         !std::isalnum(static_cast<unsigned char>(given[answer.size()]));
+}
+
+std::vector<std::string> split_paragraphs(std::string_view text) {
+  std::vector<std::string> paragraphs;
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find("\n\n", start);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view p = text.substr(start, end - start);
+    const auto first = p.find_first_not_of(" \n\t");
+    if (first != std::string_view::npos) {
+      p = p.substr(first, p.find_last_not_of(" \n\t") - first + 1);
+      paragraphs.emplace_back(p);
+    }
+    start = end + 2;
+  }
+  return paragraphs;
+}
+
+}  // namespace ekva

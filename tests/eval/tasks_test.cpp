@@ -1,0 +1,169 @@
+// The task generators: deterministic, answers recoverable from the context alone, prompts fitted
+// to the requested token count. A whitespace word count stands in for a tokenizer.
+#include "eval/tasks.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <regex>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace ekva {
+namespace {
+
+size_t count_words(const std::string& text) {
+  std::istringstream in(text);
+  size_t n = 0;
+  for (std::string w; in >> w;) ++n;
+  return n;
+}
+
+TaskInstance make(TaskKind kind, uint64_t seed, size_t tokens,
+                  const std::vector<std::string>* filler = nullptr) {
+  TaskOptions options;
+  options.prompt_tokens = tokens;
+  options.filler = filler;
+  return generate_task(kind, seed, options, count_words);
+}
+
+// Resolves the asked-for chain by reading the assignments in the context, independently of how
+// the generator built them.
+std::string solve_variable_tracking(const TaskInstance& t) {
+  std::smatch m;
+  const std::regex asked("assigned the value (\\d+) in the text");
+  EXPECT_TRUE(std::regex_search(t.question, m, asked));
+  const std::string value = m[1];
+  std::map<std::string, std::string> value_of;
+  std::vector<std::string> order;
+  const std::regex assign("VAR ([A-Z]+) = (VAR ([A-Z]+)|(\\d+))\\.");
+  for (auto it = std::sregex_iterator(t.context.begin(), t.context.end(), assign);
+       it != std::sregex_iterator(); ++it) {
+    const auto& a = *it;
+    value_of[a[1]] = a[3].matched ? value_of.at(a[3]) : std::string(a[4]);
+    order.push_back(a[1]);
+  }
+  std::string answer;
+  for (const auto& name : order) {
+    if (value_of[name] == value) answer += " " + name;
+  }
+  return answer;
+}
+
+class EachTask : public ::testing::TestWithParam<TaskKind> {};
+
+TEST_P(EachTask, SameSeedSameInstanceOtherSeedOther) {
+  const TaskInstance a = make(GetParam(), 7, 600);
+  const TaskInstance b = make(GetParam(), 7, 600);
+  const TaskInstance c = make(GetParam(), 8, 600);
+  EXPECT_EQ(a.context, b.context);
+  EXPECT_EQ(a.question, b.question);
+  EXPECT_EQ(a.answer, b.answer);
+  EXPECT_NE(a.prompt() + a.answer, c.prompt() + c.answer);
+}
+
+TEST_P(EachTask, PromptFillsTheRequestedLength) {
+  for (size_t tokens : {300, 1000, 4096}) {
+    for (uint64_t seed = 0; seed < 5; ++seed) {
+      const TaskInstance t = make(GetParam(), seed, tokens);
+      EXPECT_EQ(t.prompt_tokens, count_words(t.prompt()));
+      EXPECT_LE(t.prompt_tokens, tokens);
+      // Filler sentences and key-value lines are a few words each.
+      EXPECT_GE(t.prompt_tokens + 12, tokens) << task_name(GetParam()) << " seed " << seed;
+    }
+  }
+}
+
+TEST_P(EachTask, AnswerFollowsFromTheContext) {
+  for (uint64_t seed = 0; seed < 20; ++seed) {
+    const TaskInstance t = make(GetParam(), instance_seed(3, seed), 500);
+    ASSERT_EQ(t.answer.front(), ' ');
+    ASSERT_NE(t.question.back(), ' ');
+    std::smatch m;
+    switch (GetParam()) {
+      case TaskKind::kPasskey:
+        EXPECT_NE(t.context.find("The pass key is" + t.answer + "."), std::string::npos);
+        break;
+      case TaskKind::kMultiKeyNeedle: {
+        ASSERT_TRUE(std::regex_search(t.question, m, std::regex("number for ([a-z]+-[a-z]+) ")));
+        EXPECT_NE(t.context.find("numbers for " + m[1].str() + " is:" + t.answer + "."),
+                  std::string::npos);
+        break;
+      }
+      case TaskKind::kKvRetrieval: {
+        ASSERT_TRUE(std::regex_search(t.question, m, std::regex("key \"([0-9a-f]{8})\"")));
+        EXPECT_NE(t.context.find("\"" + m[1].str() + "\": \"" + t.answer.substr(1) + "\""),
+                  std::string::npos);
+        break;
+      }
+      case TaskKind::kVariableTracking:
+        EXPECT_EQ(solve_variable_tracking(t), t.answer);
+        break;
+    }
+  }
+}
+
+TEST_P(EachTask, TooShortAPromptIsRefused) {
+  try {
+    make(GetParam(), 1, 10);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find(task_name(GetParam())), std::string::npos);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Tasks, EachTask, ::testing::ValuesIn(all_tasks()),
+                         [](const ::testing::TestParamInfo<TaskKind>& p) {
+                           std::string n(task_name(p.param));
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           return n;
+                         });
+
+TEST(Tasks, NamesRoundTripAndUnknownNamesAreRefused) {
+  for (TaskKind kind : all_tasks()) EXPECT_EQ(parse_task_name(task_name(kind)), kind);
+  EXPECT_THROW(parse_task_name("needle"), Error);
+}
+
+TEST(Tasks, FactsLandAtSpreadDepths) {
+  // Over many seeds the passkey should appear in every fifth of the context.
+  std::vector<int> seen(5, 0);
+  for (uint64_t seed = 0; seed < 200; ++seed) {
+    const TaskInstance t = make(TaskKind::kPasskey, seed, 1000);
+    const size_t at = t.context.find("The pass key is");
+    ++seen[std::min<size_t>(4, at * 5 / t.context.size())];
+  }
+  for (int fifth : seen) EXPECT_GT(fifth, 20);
+}
+
+TEST(Tasks, ProseFillerIsUsedWhenGiven) {
+  const std::vector<std::string> prose = split_paragraphs(
+      "Alpha beta gamma delta.\n\n\n  Epsilon zeta eta theta iota.  \n\nKappa lambda mu.\n");
+  ASSERT_EQ(prose.size(), 3u);
+  EXPECT_EQ(prose[1], "Epsilon zeta eta theta iota.");
+  const TaskInstance t = make(TaskKind::kPasskey, 5, 300, &prose);
+  EXPECT_NE(t.context.find("Kappa lambda mu."), std::string::npos);
+  EXPECT_EQ(t.context.find("The grass is green."), std::string::npos);
+  EXPECT_LE(t.prompt_tokens, 300u);
+  EXPECT_GE(t.prompt_tokens + 5, 300u);
+}
+
+TEST(Tasks, AnswerMatchingNeedsTheWholeAnswer) {
+  TaskInstance t{TaskKind::kPasskey, 0, "", "", " 58213", 0};
+  EXPECT_TRUE(answer_matches(t, " 58213"));
+  EXPECT_TRUE(answer_matches(t, "58213. Remember it."));
+  EXPECT_TRUE(answer_matches(t, " 58213\nmore"));
+  EXPECT_FALSE(answer_matches(t, " 582130"));
+  EXPECT_FALSE(answer_matches(t, " 5821"));
+  EXPECT_FALSE(answer_matches(t, ""));
+}
+
+TEST(Tasks, InstanceSeedsDiffer) {
+  EXPECT_NE(instance_seed(1, 0), instance_seed(1, 1));
+  EXPECT_NE(instance_seed(1, 0), instance_seed(2, 0));
+  EXPECT_EQ(instance_seed(9, 4), instance_seed(9, 4));
+}
+
+}  // namespace
+}  // namespace ekva
