@@ -48,7 +48,7 @@ ModelSpec::ParameterCount ModelSpec::parameters() const {
   }
   const int64_t embed = static_cast<int64_t>(vocab_size) * h;
   p.total += embed + h + (tie_embeddings ? 0 : embed);
-  p.active_per_token += h + embed;  // the LM head; the embedding lookup reads one row
+  p.active_per_token += embed + h + (tie_embeddings ? 0 : embed);
   return p;
 }
 

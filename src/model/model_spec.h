@@ -71,7 +71,8 @@ struct ModelSpec {
   }
   struct ParameterCount {
     int64_t total = 0;
-    int64_t active_per_token = 0;  // embeddings row excluded, top_k experts counted
+    // top_k experts; the embedding matrix counted whole, as published model cards do
+    int64_t active_per_token = 0;
   };
   ParameterCount parameters() const;
 };
