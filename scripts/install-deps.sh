@@ -8,7 +8,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev libfmt-dev
   libopenblas-dev libomp-dev
-  libsentencepiece-dev sentencepiece libpcre2-dev
+  libsentencepiece-dev sentencepiece libpcre2-dev libicu-dev
 )
 
 missing=()

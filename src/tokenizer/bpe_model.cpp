@@ -1,0 +1,280 @@
+#include "tokenizer/bpe_model.h"
+
+#include <queue>
+
+#include "core/error.h"
+#include "tokenizer/json_fields.h"
+#include "tokenizer/utf8.h"
+
+namespace ekva {
+namespace {
+
+constexpr std::string_view kWordMarker = "\xE2\x96\x81";  // U+2581, SentencePiece's space
+
+uint64_t pair_key(int32_t left, int32_t right) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
+}
+
+// Whether some token holds the word marker after other text.
+bool marker_follows_text(std::string_view token) {
+  size_t pos = 0;
+  while (token.substr(pos).starts_with(kWordMarker)) pos += kWordMarker.size();
+  return token.find(kWordMarker, pos) != std::string_view::npos;
+}
+
+}  // namespace
+
+BpeModel::BpeModel(const nlohmann::json& spec, const std::string& where) {
+  using namespace tokenizer_json;
+  const std::string type = optional_string(spec, "type", "BPE", where);
+  if (type != "BPE") {
+    fail(ErrorKind::kUnsupported, "{}.type: model '{}' is not supported (only BPE)", where, type);
+  }
+  const auto dropout = spec.find("dropout");
+  if (dropout != spec.end() && !dropout->is_null() && dropout->get<double>() != 0.0) {
+    fail(ErrorKind::kUnsupported, "{}.dropout: BPE dropout is not supported", where);
+  }
+  fuse_unk_ = optional_bool(spec, "fuse_unk", false, where);
+  byte_fallback_ = optional_bool(spec, "byte_fallback", false, where);
+  ignore_merges_ = optional_bool(spec, "ignore_merges", false, where);
+  continuing_subword_prefix_ = optional_string(spec, "continuing_subword_prefix", "", where);
+  end_of_word_suffix_ = optional_string(spec, "end_of_word_suffix", "", where);
+
+  const auto& vocab = required(spec, "vocab", where);
+  if (!vocab.is_object()) fail(ErrorKind::kInvalidFile, "{}.vocab: expected an object", where);
+  vocab_.reserve(vocab.size());
+  int32_t max_id = -1;
+  for (const auto& [token, id_json] : vocab.items()) {
+    if (!id_json.is_number_integer() || id_json.get<int64_t>() < 0 ||
+        id_json.get<int64_t>() > INT32_MAX) {
+      fail(ErrorKind::kInvalidFile, "{}.vocab['{}']: expected a non-negative integer id", where,
+           token);
+    }
+    const auto id = static_cast<int32_t>(id_json.get<int64_t>());
+    vocab_.emplace(token, id);
+    max_id = std::max(max_id, id);
+  }
+  tokens_.resize(max_id + 1);
+  has_token_.resize(max_id + 1);
+  for (const auto& [token, id] : vocab_) {
+    tokens_[id] = token;
+    has_token_[id] = true;
+  }
+
+  const std::string unk = optional_string(spec, "unk_token", "", where);
+  if (!unk.empty()) {
+    unk_id_ = token_to_id(unk);
+    if (!unk_id_) {
+      fail(ErrorKind::kInvalidFile, "{}.unk_token: '{}' is not in the vocabulary", where, unk);
+    }
+  }
+  for (int b = 0; b < 256; ++b) {
+    byte_ids_[b] = token_to_id(fmt::format("<0x{:02X}>", b)).value_or(-1);
+  }
+  for (int c = 0; c < 128; ++c) {
+    ascii_ids_[c] = token_to_id(std::string(1, static_cast<char>(c))).value_or(-1);
+  }
+
+  const auto& merges = required_array(spec, "merges", where);
+  merges_.reserve(merges.size() * 2);
+  for (size_t rank = 0; rank < merges.size(); ++rank) {
+    const auto& m = merges[rank];
+    std::string left, right;
+    if (m.is_string()) {
+      const std::string line = m.get<std::string>();
+      const size_t space = line.find(' ');
+      if (space == std::string::npos || line.find(' ', space + 1) != std::string::npos) {
+        fail(ErrorKind::kInvalidFile, "{}.merges[{}]: '{}' is not two tokens separated by a space",
+             where, rank, line);
+      }
+      left = line.substr(0, space);
+      right = line.substr(space + 1);
+    } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
+      left = m[0].get<std::string>();
+      right = m[1].get<std::string>();
+    } else {
+      fail(ErrorKind::kInvalidFile, "{}.merges[{}]: expected \"a b\" or [\"a\", \"b\"]", where,
+           rank);
+    }
+    const auto left_id = token_to_id(left), right_id = token_to_id(right);
+    if (!left_id || !right_id) {
+      fail(ErrorKind::kInvalidFile, "{}.merges[{}]: token '{}' is not in the vocabulary", where,
+           rank, left_id ? right : left);
+    }
+    const std::string_view right_rest =
+        right.starts_with(continuing_subword_prefix_)
+            ? std::string_view(right).substr(continuing_subword_prefix_.size())
+            : std::string_view(right);
+    const std::string merged = left + std::string(right_rest);
+    const auto merged_id = token_to_id(merged);
+    if (!merged_id) {
+      fail(ErrorKind::kInvalidFile, "{}.merges[{}]: merged token '{}' is not in the vocabulary",
+           where, rank, merged);
+    }
+    // A repeated pair keeps its last rank, as Hugging Face's map construction does.
+    merges_[pair_key(*left_id, *right_id)] = Merge{static_cast<int32_t>(rank), *merged_id};
+  }
+
+  cut_at_word_marker_ = !ignore_merges_ && continuing_subword_prefix_.empty() &&
+                        end_of_word_suffix_.empty() && token_to_id(kWordMarker).has_value() &&
+                        std::none_of(vocab_.begin(), vocab_.end(), [](const auto& entry) {
+                          return marker_follows_text(entry.first);
+                        });
+}
+
+std::optional<int32_t> BpeModel::token_to_id(std::string_view token) const {
+  const auto it = vocab_.find(token);
+  if (it == vocab_.end()) return std::nullopt;
+  return it->second;
+}
+
+const std::string* BpeModel::id_to_token(int32_t id) const {
+  if (id < 0 || id >= vocab_size() || !has_token_[id]) return nullptr;
+  return &tokens_[id];
+}
+
+void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& ids) const {
+  if (!cut_at_word_marker_) {
+    encode_uncached(word, ids);
+    return;
+  }
+  size_t start = 0;
+  while (start < word.size()) {
+    size_t end = start;
+    while (word.substr(end).starts_with(kWordMarker)) end += kWordMarker.size();
+    end = std::min(word.find(kWordMarker, end), word.size());
+    encode_uncached(word.substr(start, end - start), ids);
+    start = end;
+  }
+}
+
+void BpeModel::encode_uncached(std::string_view word, std::vector<int32_t>& ids) const {
+  const bool cacheable = word.size() <= kMaxCachedWordBytes;
+  if (cacheable) {
+    std::lock_guard lock(cache_mutex_);
+    const auto it = cache_.find(word);
+    if (it != cache_.end()) {
+      ids.insert(ids.end(), it->second.begin(), it->second.end());
+      return;
+    }
+  }
+  std::vector<int32_t> word_ids;
+  const auto whole = ignore_merges_ ? token_to_id(word) : std::nullopt;
+  if (whole) {
+    word_ids.push_back(*whole);
+  } else {
+    initial_symbols(word, word_ids);
+    apply_merges(word_ids);
+  }
+  ids.insert(ids.end(), word_ids.begin(), word_ids.end());
+  if (cacheable) {
+    std::lock_guard lock(cache_mutex_);
+    if (cache_.size() < kCacheCapacity) cache_.emplace(word, std::move(word_ids));
+  }
+}
+
+void BpeModel::initial_symbols(std::string_view word, std::vector<int32_t>& ids) const {
+  const bool plain = continuing_subword_prefix_.empty() && end_of_word_suffix_.empty();
+  int32_t pending_unk = -1;  // an unk id waiting for unknown characters to fuse with
+  std::string affixed;
+  size_t pos = 0;
+  while (pos < word.size()) {
+    const size_t start = pos;
+    const auto lead = static_cast<unsigned char>(word[pos]);
+    pos += utf8_length(lead);
+    std::optional<int32_t> id;
+    if (plain) {
+      id = lead < 0x80 && ascii_ids_[lead] >= 0 ? std::optional<int32_t>(ascii_ids_[lead])
+                                                : token_to_id(word.substr(start, pos - start));
+    } else {
+      affixed.clear();
+      if (start > 0) affixed += continuing_subword_prefix_;
+      affixed.append(word.substr(start, pos - start));
+      if (pos == word.size()) affixed += end_of_word_suffix_;
+      id = token_to_id(affixed);
+    }
+    if (id) {
+      if (pending_unk >= 0) ids.push_back(pending_unk);
+      pending_unk = -1;
+      ids.push_back(*id);
+      continue;
+    }
+    if (byte_fallback_) {
+      const std::string_view bytes = plain ? word.substr(start, pos - start) : affixed;
+      const bool all_bytes = std::all_of(bytes.begin(), bytes.end(), [&](char c) {
+        return byte_ids_[static_cast<unsigned char>(c)] >= 0;
+      });
+      if (all_bytes) {
+        if (pending_unk >= 0) ids.push_back(pending_unk);
+        pending_unk = -1;
+        for (const char c : bytes) ids.push_back(byte_ids_[static_cast<unsigned char>(c)]);
+        continue;
+      }
+    }
+    // Without an unk token an unknown character is dropped, as Hugging Face does.
+    if (unk_id_) {
+      if (pending_unk >= 0 && !fuse_unk_) ids.push_back(pending_unk);
+      pending_unk = *unk_id_;
+    }
+  }
+  if (pending_unk >= 0) ids.push_back(pending_unk);
+}
+
+const BpeModel::Merge* BpeModel::find_merge(int32_t left, int32_t right) const {
+  const auto it = merges_.find(pair_key(left, right));
+  return it == merges_.end() ? nullptr : &it->second;
+}
+
+void BpeModel::apply_merges(std::vector<int32_t>& ids) const {
+  const int n = static_cast<int>(ids.size());
+  if (n < 2) return;
+  struct Symbol {
+    int32_t id;
+    int prev, next;
+    bool alive;
+  };
+  std::vector<Symbol> symbols(n);
+  for (int i = 0; i < n; ++i) symbols[i] = {ids[i], i - 1, i + 1 < n ? i + 1 : -1, true};
+
+  // Lowest rank first, then leftmost: the order in which Hugging Face applies merges.
+  struct Candidate {
+    int32_t rank;
+    int pos;
+    int32_t result;
+    bool operator>(const Candidate& o) const {
+      return rank != o.rank ? rank > o.rank : pos > o.pos;
+    }
+  };
+  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> queue;
+  for (int i = 0; i + 1 < n; ++i) {
+    if (const Merge* m = find_merge(ids[i], ids[i + 1])) queue.push({m->rank, i, m->result});
+  }
+  while (!queue.empty()) {
+    const Candidate top = queue.top();
+    queue.pop();
+    Symbol& left = symbols[top.pos];
+    if (!left.alive || left.next < 0) continue;
+    Symbol& right = symbols[left.next];
+    // Skip entries made stale by an earlier merge of either symbol.
+    const Merge* current = find_merge(left.id, right.id);
+    if (current == nullptr || current->result != top.result) continue;
+    left.id = top.result;
+    right.alive = false;
+    left.next = right.next;
+    if (left.next >= 0) symbols[left.next].prev = top.pos;
+    if (left.prev >= 0) {
+      if (const Merge* m = find_merge(symbols[left.prev].id, left.id)) {
+        queue.push({m->rank, left.prev, m->result});
+      }
+    }
+    if (left.next >= 0) {
+      if (const Merge* m = find_merge(left.id, symbols[left.next].id)) {
+        queue.push({m->rank, top.pos, m->result});
+      }
+    }
+  }
+  ids.clear();
+  for (int i = 0; i >= 0; i = symbols[i].next) ids.push_back(symbols[i].id);
+}
+
+}  // namespace ekva

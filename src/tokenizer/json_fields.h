@@ -1,0 +1,49 @@
+#pragma once
+// Field access for tokenizer.json components; every error names the file and the field path.
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "core/error.h"
+
+namespace ekva::tokenizer_json {
+
+inline const nlohmann::json& required(const nlohmann::json& spec, const char* key,
+                                      const std::string& where) {
+  if (!spec.is_object()) fail(ErrorKind::kInvalidFile, "{}: expected a JSON object", where);
+  const auto it = spec.find(key);
+  if (it == spec.end()) fail(ErrorKind::kInvalidFile, "{}: missing field '{}'", where, key);
+  return *it;
+}
+
+inline std::string required_string(const nlohmann::json& spec, const char* key,
+                                   const std::string& where) {
+  const auto& v = required(spec, key, where);
+  if (!v.is_string()) fail(ErrorKind::kInvalidFile, "{}.{}: expected a string", where, key);
+  return v.get<std::string>();
+}
+
+inline const nlohmann::json& required_array(const nlohmann::json& spec, const char* key,
+                                            const std::string& where) {
+  const auto& v = required(spec, key, where);
+  if (!v.is_array()) fail(ErrorKind::kInvalidFile, "{}.{}: expected an array", where, key);
+  return v;
+}
+
+// An absent or null field gives `fallback`.
+inline bool optional_bool(const nlohmann::json& spec, const char* key, bool fallback,
+                          const std::string& where) {
+  const auto it = spec.find(key);
+  if (it == spec.end() || it->is_null()) return fallback;
+  if (!it->is_boolean()) fail(ErrorKind::kInvalidFile, "{}.{}: expected true or false", where, key);
+  return it->get<bool>();
+}
+
+inline std::string optional_string(const nlohmann::json& spec, const char* key,
+                                   const std::string& fallback, const std::string& where) {
+  const auto it = spec.find(key);
+  if (it == spec.end() || it->is_null()) return fallback;
+  if (!it->is_string()) fail(ErrorKind::kInvalidFile, "{}.{}: expected a string", where, key);
+  return it->get<std::string>();
+}
+
+}  // namespace ekva::tokenizer_json
