@@ -6,6 +6,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "model/generate.h"
+#include "tokenizer/tokenizer.h"
 
 namespace ekva::cli {
 namespace {
@@ -42,16 +43,22 @@ std::vector<int32_t> parse_ids(const std::string& text) {
 int run_generate(const GenerateArgs& a) {
   const auto model = Model::load(a.model_dir);
   const ModelSpec& s = model->spec();
-  if (!a.prompt.empty()) {
-    fail(ErrorKind::kUnsupported,
-         "--prompt needs a tokenizer, which this build does not have yet; use --ids");
+  // The model directory's tokenizer encodes --prompt (with its BOS/EOS) and decodes --json's text.
+  std::unique_ptr<Tokenizer> tokenizer;
+  if ((!a.prompt.empty() || a.json) && has_tokenizer(a.model_dir)) {
+    tokenizer = load_tokenizer(a.model_dir);
   }
-  const std::vector<int32_t> prompt = parse_ids(a.ids);
+  if (!a.prompt.empty() && !tokenizer) {
+    fail(ErrorKind::kNotFound, "--prompt: {} has no tokenizer.json or tokenizer.model; use --ids",
+         a.model_dir);
+  }
+  const std::vector<int32_t> prompt =
+      a.prompt.empty() ? parse_ids(a.ids) : tokenizer->encode(a.prompt, true);
   for (size_t i = 0; i < prompt.size(); ++i) {
     if (prompt[i] < 0 || prompt[i] >= s.vocab_size) {
       fail(ErrorKind::kInvalidArgument,
-           "--ids: token {} at index {} is outside the vocabulary [0, {})", prompt[i], i,
-           s.vocab_size);
+           "{}: token {} at index {} is outside the vocabulary [0, {})",
+           a.prompt.empty() ? "--ids" : "--prompt", prompt[i], i, s.vocab_size);
     }
   }
   KvCache cache(s, 1);
@@ -70,6 +77,14 @@ int run_generate(const GenerateArgs& a) {
                           {"prefill_tokens_per_s", prefill_tps},
                           {"decode_tokens_per_s", decode_tps},
                           {"kv_bytes", r.kv_bytes}}}};
+    if (tokenizer) {
+      // Ids past the tokenizer's vocabulary (padding rows of the embedding) have no text.
+      std::vector<int32_t> known;
+      for (const int32_t id : r.tokens) {
+        if (id < tokenizer->vocab_size()) known.push_back(id);
+      }
+      j["text"] = tokenizer->decode(known, true);
+    }
     fmt::print("{}\n", j.dump());
     return 0;
   }

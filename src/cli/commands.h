@@ -11,5 +11,7 @@ using Action = std::function<int()>;
 void add_info(CLI::App& app, Action& action);
 void add_forward(CLI::App& app, Action& action);
 void add_generate(CLI::App& app, Action& action);
+void add_tokenize(CLI::App& app, Action& action);
+void add_detokenize(CLI::App& app, Action& action);
 
 }  // namespace ekva::cli

@@ -13,6 +13,8 @@ int main(int argc, char** argv) {
   ekva::cli::add_info(app, action);
   ekva::cli::add_forward(app, action);
   ekva::cli::add_generate(app, action);
+  ekva::cli::add_tokenize(app, action);
+  ekva::cli::add_detokenize(app, action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
