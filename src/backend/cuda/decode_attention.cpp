@@ -1,0 +1,185 @@
+#include "backend/cuda/decode_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numbers>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels.h"
+#include "core/error.h"
+
+namespace ekva::cuda {
+namespace {
+
+// Below this many slots per CTA the fixed cost of a piece (query load, pipeline fill, partial
+// write) outweighs the parallelism gained.
+constexpr int64_t kMinTokensPerCta = 2 * kDecodeTileTokens;
+
+size_t align_up(size_t bytes) {
+  return (bytes + 255) / 256 * 256;
+}
+
+}  // namespace
+
+void fail_unsupported_decode_shape(int head_dim, int group) {
+  fail(ErrorKind::kUnsupported,
+       "CUDA decode attention: head_dim {} with GQA group {} is not implemented (head_dim 64 or "
+       "128, group 1, 4 or 8)",
+       head_dim, group);
+}
+
+std::string DecodeAttentionPlan::unsupported_reason(const DecodeAttentionShape& shape) {
+  if (shape.num_sequences <= 0 || shape.num_q_heads <= 0 || shape.num_kv_heads <= 0 ||
+      shape.page_size <= 0) {
+    return fmt::format("sequences, heads and page_size must be positive (got {}, {}/{}, {})",
+                       shape.num_sequences, shape.num_q_heads, shape.num_kv_heads, shape.page_size);
+  }
+  if (shape.num_q_heads % shape.num_kv_heads != 0) {
+    return fmt::format("{} query heads do not divide into {} KV heads", shape.num_q_heads,
+                       shape.num_kv_heads);
+  }
+  const int group = shape.num_q_heads / shape.num_kv_heads;
+  if (shape.head_dim != 64 && shape.head_dim != 128) {
+    return fmt::format("head_dim {} is not implemented (64 or 128)", shape.head_dim);
+  }
+  if (group != 1 && group != 4 && group != 8) {
+    return fmt::format("GQA group {} is not implemented (1, 4 or 8)", group);
+  }
+  return {};
+}
+
+DecodeAttentionPlan::DecodeAttentionPlan(const DecodeAttentionShape& shape,
+                                         std::span<const int32_t> lengths)
+    : shape_(shape) {
+  if (const std::string reason = unsupported_reason(shape); !reason.empty()) {
+    fail(ErrorKind::kUnsupported, "CUDA decode attention: {}", reason);
+  }
+  const int num_segments = shape.num_sequences * shape.num_kv_heads;
+  if (lengths.size() != static_cast<size_t>(num_segments)) {
+    fail(ErrorKind::kInvalidArgument,
+         "CUDA decode attention: {} lengths given for {} sequences x {} KV heads", lengths.size(),
+         shape.num_sequences, shape.num_kv_heads);
+  }
+  for (size_t s = 0; s < lengths.size(); ++s) {
+    if (lengths[s] < 0) {
+      fail(ErrorKind::kInvalidArgument, "CUDA decode attention: segment {} has length {}", s,
+           lengths[s]);
+    }
+    total_tokens_ += lengths[s];
+  }
+  if (total_tokens_ > std::numeric_limits<int32_t>::max()) {
+    fail(ErrorKind::kInvalidArgument,
+         "CUDA decode attention: {} retained slots in one layer exceed the 32-bit schedule",
+         total_tokens_);
+  }
+
+  int device = 0;
+  int num_sms = 0;
+  EKVA_CUDA_CHECK(cudaGetDevice(&device));
+  EKVA_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+  const int group = shape.num_q_heads / shape.num_kv_heads;
+  const int ctas_per_sm = std::max(1, decode_attention_ctas_per_sm(shape.head_dim, group));
+
+  // Persistent grid: every CTA gets the same number of slots, cut across segment boundaries, so
+  // ragged lengths cost what uniform ones do.
+  const int64_t slots = static_cast<int64_t>(num_sms) * ctas_per_sm;
+  int64_t quota = std::max(kMinTokensPerCta, (total_tokens_ + slots - 1) / slots);
+  quota = (quota + kDecodeTileTokens - 1) / kDecodeTileTokens * kDecodeTileTokens;
+
+  std::vector<int32_t> pieces;
+  std::vector<int32_t> cta_offsets = {0};
+  std::vector<int32_t> segment_piece_offsets = {0};
+  std::vector<int32_t> segment_token_offsets = {0};
+  int64_t filled = 0;
+  for (int s = 0; s < num_segments; ++s) {
+    int64_t start = 0;
+    while (start < lengths[s]) {
+      const int64_t take = std::min<int64_t>(lengths[s] - start, quota - filled);
+      pieces.insert(pieces.end(),
+                    {s, static_cast<int32_t>(start), static_cast<int32_t>(start + take), 0});
+      start += take;
+      filled += take;
+      if (filled == quota) {
+        cta_offsets.push_back(static_cast<int32_t>(pieces.size() / 4));
+        filled = 0;
+      }
+    }
+    segment_piece_offsets.push_back(static_cast<int32_t>(pieces.size() / 4));
+    segment_token_offsets.push_back(segment_token_offsets.back() + lengths[s]);
+  }
+  if (filled > 0) cta_offsets.push_back(static_cast<int32_t>(pieces.size() / 4));
+  num_pieces_ = static_cast<int>(pieces.size() / 4);
+  num_ctas_ = static_cast<int>(cta_offsets.size()) - 1;
+
+  schedule_ = std::move(pieces);
+  schedule_.insert(schedule_.end(), cta_offsets.begin(), cta_offsets.end());
+  schedule_.insert(schedule_.end(), segment_piece_offsets.begin(), segment_piece_offsets.end());
+  schedule_.insert(schedule_.end(), segment_token_offsets.begin(), segment_token_offsets.end());
+
+  const size_t partials = static_cast<size_t>(num_pieces_) * kDecodeWarps * group;
+  partial_o_offset_ = align_up(schedule_.size() * sizeof(int32_t));
+  partial_ml_offset_ = partial_o_offset_ + align_up(partials * shape.head_dim * sizeof(float));
+  logits_offset_ = partial_ml_offset_ + align_up(partials * sizeof(float2));
+  workspace_bytes_ =
+      logits_offset_ + (shape.with_scores
+                            ? align_up(static_cast<size_t>(total_tokens_) * group * sizeof(float))
+                            : 0);
+}
+
+void DecodeAttentionPlan::upload(void* workspace, cudaStream_t stream) const {
+  if (workspace == nullptr) {
+    fail(ErrorKind::kInvalidArgument, "CUDA decode attention: upload needs a workspace");
+  }
+  EKVA_CUDA_CHECK(cudaMemcpyAsync(workspace, schedule_.data(), schedule_.size() * sizeof(int32_t),
+                                  cudaMemcpyHostToDevice, stream));
+}
+
+void DecodeAttentionPlan::run(const PagedKvLayer& kv, const uint16_t* q, uint16_t* out,
+                              float* scores, void* workspace, cudaStream_t stream) const {
+  if (kv.num_sequences != shape_.num_sequences || kv.num_kv_heads != shape_.num_kv_heads ||
+      kv.head_dim != shape_.head_dim || kv.page_size != shape_.page_size) {
+    fail(ErrorKind::kInvalidArgument,
+         "CUDA decode attention: the KV layer ({} sequences, {} KV heads, head_dim {}, page_size "
+         "{}) is not the planned shape ({}, {}, {}, {})",
+         kv.num_sequences, kv.num_kv_heads, kv.head_dim, kv.page_size, shape_.num_sequences,
+         shape_.num_kv_heads, shape_.head_dim, shape_.page_size);
+  }
+  if (kv.pool == nullptr || kv.page_ids == nullptr || kv.page_offsets == nullptr || q == nullptr ||
+      out == nullptr || workspace == nullptr) {
+    fail(ErrorKind::kInvalidArgument,
+         "CUDA decode attention: pool, block tables, q, out and workspace must be set");
+  }
+  if (shape_.with_scores != (scores != nullptr)) {
+    fail(ErrorKind::kInvalidArgument,
+         "CUDA decode attention: scores must be given exactly when the plan has with_scores");
+  }
+  const int num_segments = shape_.num_sequences * shape_.num_kv_heads;
+  auto* base = static_cast<char*>(workspace);
+  const auto* schedule = reinterpret_cast<const int32_t*>(base);
+  DecodeLaunch launch{};
+  launch.pool = kv.pool;
+  launch.page_ids = kv.page_ids;
+  launch.page_offsets = kv.page_offsets;
+  launch.q = q;
+  launch.out = out;
+  launch.scores = scores;
+  launch.pieces = reinterpret_cast<const int4*>(schedule);
+  launch.cta_piece_offsets = schedule + 4 * num_pieces_;
+  launch.segment_piece_offsets = launch.cta_piece_offsets + num_ctas_ + 1;
+  launch.segment_token_offsets = launch.segment_piece_offsets + num_segments + 1;
+  launch.partial_o = reinterpret_cast<float*>(base + partial_o_offset_);
+  launch.partial_ml = reinterpret_cast<float2*>(base + partial_ml_offset_);
+  launch.logits = shape_.with_scores ? reinterpret_cast<float*>(base + logits_offset_) : nullptr;
+  launch.num_ctas = num_ctas_;
+  launch.num_segments = num_segments;
+  launch.num_q_heads = shape_.num_q_heads;
+  launch.num_kv_heads = shape_.num_kv_heads;
+  launch.head_dim = shape_.head_dim;
+  launch.group = shape_.num_q_heads / shape_.num_kv_heads;
+  launch.page_size = shape_.page_size;
+  launch.scale_log2 = static_cast<float>(std::numbers::log2e / std::sqrt(shape_.head_dim));
+  launch_decode_attention(launch, stream);
+}
+
+}  // namespace ekva::cuda

@@ -1,0 +1,315 @@
+// Split-K decode attention over the paged KV pool (flash-decoding on a persistent, token-balanced
+// grid). Each CTA streams its tiles of 64 slots through a cp.async pipeline; each of its four warps
+// takes 16 slots of a tile and runs Q·Kᵀ and P·V on the tensor cores with the group's query heads
+// as the rows of a 16-row fragment, so every K/V byte is read once for the whole group. Warps keep
+// their own online-softmax state and write one partial per piece; a second kernel merges the
+// partials of each segment, normalises, and (optionally) turns the stored logits into per-slot
+// weights summed over the group.
+#include <cuda_bf16.h>
+
+#include <cmath>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_common.cuh"
+#include "backend/cuda/dispatch.h"
+#include "backend/cuda/kernels.h"
+
+namespace ekva::cuda {
+namespace {
+
+constexpr int kThreads = kDecodeWarps * 32;
+
+template <int D>
+struct TileConfig {
+  // 16 bytes of padding per row put the 8 rows an ldmatrix reads in distinct banks.
+  static constexpr int kRowElems = D + 8;
+  static constexpr int kTileElems = kDecodeTileTokens * kRowElems;  // K or V of one tile
+  // Enough tiles in flight per multiprocessor to cover DRAM latency at two CTAs per SM.
+  static constexpr int kStages = D == 128 ? 3 : 4;
+  static constexpr int kSmemBytes = kStages * 2 * kTileElems * 2;
+  static constexpr int kChunksPerRow = D / 8;  // 16-byte chunks
+  static constexpr int kRowsPerPass = kThreads / kChunksPerRow;
+};
+
+template <int D, int G>
+__global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const DecodeLaunch p) {
+  using Cfg = TileConfig<D>;
+  static_assert(G <= 8, "the group's query heads are the low 8 rows of a 16-row fragment");
+  extern __shared__ __align__(16) uint16_t smem[];
+  const uint32_t smem_base = shared_address(smem);
+
+  const int piece_begin = p.cta_piece_offsets[blockIdx.x];
+  const int piece_end = p.cta_piece_offsets[blockIdx.x + 1];
+  if (piece_begin >= piece_end) return;
+
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int row_g = lane / 4;  // fragment row: the query head of the group
+  const int quad = lane % 4;
+  const int ps = p.page_size;
+
+  // Loader cursor: the next tile to fetch.
+  int load_piece = piece_begin;
+  int4 load_info = p.pieces[load_piece];
+  int load_start = load_info.y;
+  const int32_t* load_table = p.page_ids + p.page_offsets[load_info.x];
+  const int load_chunk = threadIdx.x % Cfg::kChunksPerRow;
+  const int load_row0 = threadIdx.x / Cfg::kChunksPerRow;
+
+  const auto issue_tile = [&](int stage) {
+    if (load_piece < piece_end) {
+      const uint32_t k_dst = smem_base + stage * 2 * Cfg::kTileElems * 2;
+      const uint32_t v_dst = k_dst + Cfg::kTileElems * 2;
+#pragma unroll
+      for (int r = load_row0; r < kDecodeTileTokens; r += Cfg::kRowsPerPass) {
+        const int slot = load_start + r;
+        const bool valid = slot < load_info.z;
+        const uint16_t* k_src = p.pool;
+        if (valid) {
+          k_src = p.pool + key_offset(pool_row(load_table, slot, ps), ps, D) + load_chunk * 8;
+        }
+        const uint32_t offset = (r * Cfg::kRowElems + load_chunk * 8) * 2;
+        cp_async_16(k_dst + offset, k_src, valid);
+        cp_async_16(v_dst + offset, valid ? k_src + static_cast<int64_t>(ps) * D : p.pool, valid);
+      }
+      load_start += kDecodeTileTokens;
+      if (load_start >= load_info.z && ++load_piece < piece_end) {
+        load_info = p.pieces[load_piece];
+        load_start = load_info.y;
+        load_table = p.page_ids + p.page_offsets[load_info.x];
+      }
+    }
+    cp_async_commit();
+  };
+
+  // Compute cursor and the warp's online-softmax state for the current piece.
+  int piece = piece_begin;
+  int4 info = p.pieces[piece];
+  int tile_start = info.y;
+  uint32_t q_frag[D / 16][2];
+  float o[D / 8][4];
+  float row_max = -INFINITY;
+  float row_sum = 0.0f;
+  int64_t logit_base = 0;
+
+  const auto begin_piece = [&]() {
+    const int seq = info.x / p.num_kv_heads;
+    const int kv_head = info.x - seq * p.num_kv_heads;
+    const uint16_t* qh =
+        p.q + (static_cast<int64_t>(seq) * p.num_q_heads + kv_head * G + row_g) * D + quad * 2;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      q_frag[kk][0] = row_g < G ? *reinterpret_cast<const uint32_t*>(qh + kk * 16) : 0u;
+      q_frag[kk][1] = row_g < G ? *reinterpret_cast<const uint32_t*>(qh + kk * 16 + 8) : 0u;
+    }
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    row_max = -INFINITY;
+    row_sum = 0.0f;
+    if (p.logits != nullptr) logit_base = p.segment_token_offsets[info.x];
+  };
+
+  const auto end_piece = [&]() {
+    float sum = row_sum;
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    if (row_g < G) {
+      const int64_t index = (static_cast<int64_t>(piece) * kDecodeWarps + warp) * G + row_g;
+      float* dst = p.partial_o + index * D + quad * 2;
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        *reinterpret_cast<float2*>(dst + n * 8) = make_float2(o[n][0], o[n][1]);
+      }
+      if (quad == 0) p.partial_ml[index] = make_float2(row_max, sum);
+    }
+  };
+
+#pragma unroll
+  for (int s = 0; s < Cfg::kStages - 1; ++s) issue_tile(s);
+  begin_piece();
+
+  int stage = 0;
+  while (piece < piece_end) {
+    cp_async_wait<Cfg::kStages - 2>();
+    __syncthreads();  // the tile has landed for every thread, and the stage refilled next is free
+    issue_tile((stage + Cfg::kStages - 1) % Cfg::kStages);
+
+    const uint32_t k_tile = smem_base + stage * 2 * Cfg::kTileElems * 2;
+    const uint32_t v_tile = k_tile + Cfg::kTileElems * 2;
+
+    // S[head, slot] for the warp's 16 slots: two 8-slot fragments.
+    float s[2][4] = {};
+    {
+      const int row = warp * 16 + (lane & 7) + ((lane >> 4) << 3);
+      const int col = ((lane >> 3) & 1) * 8;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t b[4];
+        ldmatrix_x4(b, k_tile + (row * Cfg::kRowElems + kk * 16 + col) * 2);
+        const uint32_t a[4] = {q_frag[kk][0], 0u, q_frag[kk][1], 0u};
+        mma_bf16_16816(s[0], a, b[0], b[1]);
+        mma_bf16_16816(s[1], a, b[2], b[3]);
+      }
+    }
+
+    float tile_max = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int slot = tile_start + warp * 16 + j * 8 + quad * 2 + e;
+        s[j][e] = slot < info.z ? s[j][e] * p.scale_log2 : -INFINITY;
+        tile_max = fmaxf(tile_max, s[j][e]);
+      }
+    }
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+    const float new_max = fmaxf(row_max, tile_max);
+    const float ref = new_max == -INFINITY ? 0.0f : new_max;  // all masked so far: no NaN
+    const float rescale = exp2f(row_max - ref);
+    row_max = new_max;
+    float prob[2][2];
+    float tile_sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        prob[j][e] = exp2f(s[j][e] - ref);
+        tile_sum += prob[j][e];
+      }
+    }
+    row_sum = row_sum * rescale + tile_sum;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      o[n][0] *= rescale;
+      o[n][1] *= rescale;
+    }
+    if (p.logits != nullptr && row_g < G) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int slot = tile_start + warp * 16 + j * 8 + quad * 2 + e;
+          if (slot < info.z) p.logits[(logit_base + slot) * G + row_g] = s[j][e];
+        }
+      }
+    }
+
+    // O[head, dim] += P[head, slot] · V[slot, dim]; P rows 8..15 are the padding heads (zero).
+    {
+      const uint32_t a[4] = {pack_bf16(prob[0][0], prob[0][1]), 0u,
+                             pack_bf16(prob[1][0], prob[1][1]), 0u};
+      const int row = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+      const int col = (lane >> 4) * 8;
+#pragma unroll
+      for (int nn = 0; nn < D / 16; ++nn) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, v_tile + (row * Cfg::kRowElems + nn * 16 + col) * 2);
+        mma_bf16_16816(o[2 * nn], a, b[0], b[1]);
+        mma_bf16_16816(o[2 * nn + 1], a, b[2], b[3]);
+      }
+    }
+
+    stage = (stage + 1) % Cfg::kStages;
+    tile_start += kDecodeTileTokens;
+    if (tile_start >= info.z) {
+      end_piece();
+      if (++piece < piece_end) {
+        info = p.pieces[piece];
+        tile_start = info.y;
+        begin_piece();
+      }
+    }
+  }
+  cp_async_wait_all();
+}
+
+// One CTA per segment: merges the warps' partials of every piece, writes the normalised output and,
+// when asked, the per-slot weights summed over the group.
+template <int D, int G>
+__global__ void __launch_bounds__(kThreads) decode_reduce_kernel(const DecodeLaunch p) {
+  __shared__ float head_max[G];
+  __shared__ float head_inv_sum[G];
+  const int segment = blockIdx.x;
+  const int seq = segment / p.num_kv_heads;
+  const int kv_head = segment - seq * p.num_kv_heads;
+  const int first = p.segment_piece_offsets[segment] * kDecodeWarps;
+  const int last = p.segment_piece_offsets[segment + 1] * kDecodeWarps;
+
+  if (threadIdx.x < G) {
+    const int h = threadIdx.x;
+    float m = -INFINITY;
+    for (int w = first; w < last; ++w) m = fmaxf(m, p.partial_ml[w * G + h].x);
+    float sum = 0.0f;
+    if (m != -INFINITY) {
+      for (int w = first; w < last; ++w) {
+        const float2 ml = p.partial_ml[w * G + h];
+        sum += exp2f(ml.x - m) * ml.y;
+      }
+    }
+    head_max[h] = m;
+    head_inv_sum[h] = sum > 0.0f ? 1.0f / sum : 0.0f;
+  }
+  __syncthreads();
+
+  for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
+    const int h = i / D;
+    const int d = i - h * D;
+    const float m = head_max[h];
+    float acc = 0.0f;
+    if (m != -INFINITY) {
+      for (int w = first; w < last; ++w) {
+        const int64_t index = static_cast<int64_t>(w) * G + h;
+        acc += exp2f(p.partial_ml[index].x - m) * p.partial_o[index * D + d];
+      }
+    }
+    const int64_t out_index = (static_cast<int64_t>(seq) * p.num_q_heads + kv_head * G + h) * D + d;
+    p.out[out_index] = to_bf16_bits(acc * head_inv_sum[h]);
+  }
+
+  if (p.scores != nullptr) {
+    const int64_t base = p.segment_token_offsets[segment];
+    const int length = static_cast<int>(p.segment_token_offsets[segment + 1] - base);
+    const int32_t* table = p.page_ids + p.page_offsets[segment];
+    for (int slot = threadIdx.x; slot < length; slot += blockDim.x) {
+      float weight = 0.0f;
+#pragma unroll
+      for (int h = 0; h < G; ++h) {
+        weight += exp2f(p.logits[(base + slot) * G + h] - head_max[h]) * head_inv_sum[h];
+      }
+      p.scores[pool_row(table, slot, p.page_size)] = weight;
+    }
+  }
+}
+
+}  // namespace
+
+int decode_attention_ctas_per_sm(int head_dim, int group) {
+  int ctas = 0;
+  dispatch_decode_shape(head_dim, group, [&](auto dim, auto grp) {
+    constexpr int D = decltype(dim)::value;
+    constexpr int G = decltype(grp)::value;
+    const auto kernel = decode_attention_kernel<D, G>;
+    EKVA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         TileConfig<D>::kSmemBytes));
+    EKVA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, kThreads,
+                                                                  TileConfig<D>::kSmemBytes));
+  });
+  return ctas;
+}
+
+void launch_decode_attention(const DecodeLaunch& launch, cudaStream_t stream) {
+  dispatch_decode_shape(launch.head_dim, launch.group, [&](auto dim, auto grp) {
+    constexpr int D = decltype(dim)::value;
+    constexpr int G = decltype(grp)::value;
+    if (launch.num_ctas > 0) {
+      decode_attention_kernel<D, G>
+          <<<launch.num_ctas, kThreads, TileConfig<D>::kSmemBytes, stream>>>(launch);
+      EKVA_CUDA_CHECK(cudaGetLastError());
+    }
+    decode_reduce_kernel<D, G><<<launch.num_segments, kThreads, 0, stream>>>(launch);
+    EKVA_CUDA_CHECK(cudaGetLastError());
+  });
+}
+
+}  // namespace ekva::cuda

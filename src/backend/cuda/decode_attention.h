@@ -1,0 +1,68 @@
+#pragma once
+// Decode attention over the paged ragged KV cache: one query token per sequence attends to every
+// retained slot of its (sequence, KV head). bf16 storage, fp32 accumulation, softmax scale
+// 1/sqrt(head_dim), query head h reads KV head h / (num_q_heads / num_kv_heads), as
+// ekva::cpu::attention does.
+//
+// Plan/run split, as FlashInfer: the plan turns the host's lengths into a balanced schedule (each
+// CTA of a persistent grid gets the same number of tokens, cut across segments: split-K that fills
+// the GPU for one long sequence and for many short ones alike); upload() copies that schedule into
+// the caller's workspace; run() launches the attention kernel and the reduction of the splits.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/paged_kv.h"
+
+namespace ekva::cuda {
+
+struct DecodeAttentionShape {
+  int num_sequences = 0;
+  int num_q_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int page_size = 0;
+  bool with_scores = false;  // also write each slot's attention weight summed over its group
+};
+
+class DecodeAttentionPlan {
+ public:
+  // Empty when the kernels implement the shape, else the reason they do not.
+  static std::string unsupported_reason(const DecodeAttentionShape& shape);
+  static bool can_implement(const DecodeAttentionShape& shape) {
+    return unsupported_reason(shape).empty();
+  }
+
+  // lengths: the retained slots of each segment (sequence * num_kv_heads + kv_head), as the run
+  // will see them. Uses the current device's multiprocessor count and occupancy.
+  DecodeAttentionPlan(const DecodeAttentionShape& shape, std::span<const int32_t> lengths);
+
+  size_t workspace_bytes() const { return workspace_bytes_; }
+  // Copies the schedule into the workspace (stream-ordered); needed once per plan and workspace.
+  void upload(void* workspace, cudaStream_t stream) const;
+  // q and out: [num_sequences, num_q_heads, head_dim] bf16. scores: null, or (with_scores) a
+  // pool-parallel float array that receives, for every retained slot, the attention weight summed
+  // over the query heads of its KV head.
+  void run(const PagedKvLayer& kv, const uint16_t* q, uint16_t* out, float* scores, void* workspace,
+           cudaStream_t stream) const;
+
+  int num_ctas() const { return num_ctas_; }
+  int num_pieces() const { return num_pieces_; }
+  int64_t total_tokens() const { return total_tokens_; }
+
+ private:
+  DecodeAttentionShape shape_;
+  int num_ctas_ = 0;
+  int num_pieces_ = 0;
+  int64_t total_tokens_ = 0;
+  std::vector<int32_t> schedule_;  // pieces, CTA piece offsets, segment piece/token offsets
+  size_t partial_o_offset_ = 0;
+  size_t partial_ml_offset_ = 0;
+  size_t logits_offset_ = 0;
+  size_t workspace_bytes_ = 0;
+};
+
+}  // namespace ekva::cuda

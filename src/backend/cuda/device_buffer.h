@@ -1,0 +1,59 @@
+#pragma once
+// An owning, move-only array in device memory.
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "backend/cuda/cuda_check.h"
+
+namespace ekva::cuda {
+
+template <typename T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t count) : count_(count) {
+    if (count > 0) EKVA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&data_), bytes()));
+  }
+  explicit DeviceBuffer(std::span<const T> host) : DeviceBuffer(host.size()) { upload(host); }
+  DeviceBuffer(DeviceBuffer&& other) noexcept
+      : data_(std::exchange(other.data_, nullptr)), count_(std::exchange(other.count_, 0)) {}
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
+    std::swap(data_, other.data_);
+    std::swap(count_, other.count_);
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() {
+    if (data_ != nullptr) cudaFree(data_);  // a destructor cannot throw; a failure here is sticky
+  }
+
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+  size_t size() const { return count_; }
+  size_t bytes() const { return count_ * sizeof(T); }
+
+  void upload(std::span<const T> host) {
+    if (host.size() != count_) {
+      EKVA_CUDA_CHECK(cudaErrorInvalidValue);
+    }
+    if (count_ > 0)
+      EKVA_CUDA_CHECK(cudaMemcpy(data_, host.data(), bytes(), cudaMemcpyHostToDevice));
+  }
+  std::vector<T> download() const {
+    std::vector<T> host(count_);
+    if (count_ > 0)
+      EKVA_CUDA_CHECK(cudaMemcpy(host.data(), data_, bytes(), cudaMemcpyDeviceToHost));
+    return host;
+  }
+
+ private:
+  T* data_ = nullptr;
+  size_t count_ = 0;
+};
+
+}  // namespace ekva::cuda

@@ -1,0 +1,104 @@
+#pragma once
+// Launch parameters shared by the host planning code (.cpp) and the kernels (.cu). Internal to
+// src/backend/cuda.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kv/kv_cache.h"
+
+namespace ekva::cuda {
+
+// Each CTA of the attention kernel has this many warps; a warp owns 16 tokens of every tile.
+inline constexpr int kDecodeWarps = 4;
+inline constexpr int kDecodeTileTokens = 16 * kDecodeWarps;
+
+struct DecodeLaunch {
+  const uint16_t* pool;
+  const int32_t* page_ids;
+  const int32_t* page_offsets;
+  const uint16_t* q;
+  uint16_t* out;
+  float* scores;  // pool-parallel, or null
+  // Schedule: piece = {segment, first slot, end slot, unused}; CTA c runs pieces
+  // [cta_piece_offsets[c], cta_piece_offsets[c + 1]); segment s's pieces are
+  // [segment_piece_offsets[s], segment_piece_offsets[s + 1]); its slots start at
+  // segment_token_offsets[s] in the logits scratch.
+  const int4* pieces;
+  const int32_t* cta_piece_offsets;
+  const int32_t* segment_piece_offsets;
+  const int32_t* segment_token_offsets;
+  float* partial_o;    // [pieces * kDecodeWarps * group, head_dim], unnormalised
+  float2* partial_ml;  // [pieces * kDecodeWarps * group]: running max (log2 units), sum
+  float* logits;       // [total tokens, group] in log2 units, or null
+  int num_ctas;
+  int num_segments;
+  int num_q_heads;
+  int num_kv_heads;
+  int head_dim;
+  int group;
+  int page_size;
+  float scale_log2;  // softmax scale * log2(e)
+};
+
+// Raises the kernel's shared-memory limit and returns how many CTAs fit on one multiprocessor.
+int decode_attention_ctas_per_sm(int head_dim, int group);
+void launch_decode_attention(const DecodeLaunch& launch, cudaStream_t stream);
+
+struct AppendLaunch {
+  uint16_t* pool;
+  TokenMeta* meta;
+  const int32_t* page_ids;
+  const int32_t* page_offsets;
+  int32_t* lengths;
+  const float* keys;
+  const float* values;
+  const int32_t* sequences;
+  const int32_t* positions;
+  const int32_t* slots;
+  const float* inv_freq;
+  float attention_factor;
+  int count;
+  int num_kv_heads;
+  int head_dim;
+  int page_size;
+};
+void launch_append_kv(const AppendLaunch& launch, cudaStream_t stream);
+
+struct CompactLaunch {
+  uint16_t* pool;
+  TokenMeta* meta;
+  const int32_t* page_ids;
+  const int32_t* page_offsets;
+  int32_t* lengths;
+  const uint8_t* evict_flags;  // pool-parallel
+  int32_t* move_dst;           // pool-parallel scratch: pool row of the rank-r hole
+  int32_t* move_src;           // pool-parallel scratch: pool row of the rank-r survivor
+  int32_t* move_counts;        // [num_segments]
+  int num_segments;
+  int head_dim;
+  int page_size;
+  int copy_blocks_per_segment;
+};
+void launch_compact_kv(const CompactLaunch& launch, cudaStream_t stream);
+
+struct SelectLaunch {
+  const TokenMeta* meta;
+  const int32_t* page_ids;
+  const int32_t* page_offsets;
+  const int32_t* lengths;
+  const int32_t* budgets;             // [num_kv_heads, num_groups]
+  const int32_t* expert_group;        // [num_experts], or null for group = expert
+  const int32_t* keep_from_position;  // [num_sequences], or null
+  uint8_t* evict_flags;               // pool-parallel
+  int num_segments;
+  int num_kv_heads;
+  int num_experts;
+  int num_groups;
+  int sink_tokens;
+  int page_size;
+};
+inline constexpr int kMaxSelectGroups = 64;
+void launch_select_evictions(const SelectLaunch& launch, cudaStream_t stream);
+
+}  // namespace ekva::cuda

@@ -1,0 +1,109 @@
+#include "backend/cuda/kv_ops.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels.h"
+#include "core/error.h"
+
+namespace ekva::cuda {
+namespace {
+
+void check_layer(const PagedKvLayer& kv, const char* op) {
+  if (kv.pool == nullptr || kv.page_ids == nullptr || kv.page_offsets == nullptr ||
+      kv.lengths == nullptr) {
+    fail(ErrorKind::kInvalidArgument, "{}: pool, block tables and lengths must be set", op);
+  }
+  if (kv.num_sequences <= 0 || kv.num_kv_heads <= 0 || kv.page_size <= 0 || kv.head_dim <= 0 ||
+      kv.head_dim % 8 != 0) {
+    fail(ErrorKind::kInvalidArgument,
+         "{}: needs positive sequences, KV heads and page_size and a head_dim that is a multiple "
+         "of 8 (got {}, {}, {}, {})",
+         op, kv.num_sequences, kv.num_kv_heads, kv.page_size, kv.head_dim);
+  }
+}
+
+size_t align_up(size_t bytes) {
+  return (bytes + 255) / 256 * 256;
+}
+
+}  // namespace
+
+void append_kv(const PagedKvLayer& kv, const KvAppend& append, cudaStream_t stream) {
+  check_layer(kv, "append_kv");
+  if (append.count < 0) {
+    fail(ErrorKind::kInvalidArgument, "append_kv: count {} is negative", append.count);
+  }
+  if (append.count == 0) return;
+  if (append.keys == nullptr || append.values == nullptr || append.sequences == nullptr ||
+      append.positions == nullptr || append.slots == nullptr || append.inv_freq == nullptr) {
+    fail(ErrorKind::kInvalidArgument,
+         "append_kv: keys, values, sequences, positions, slots and inv_freq must be set");
+  }
+  launch_append_kv(
+      {kv.pool, kv.meta, kv.page_ids, kv.page_offsets, kv.lengths, append.keys, append.values,
+       append.sequences, append.positions, append.slots, append.inv_freq, append.attention_factor,
+       append.count, kv.num_kv_heads, kv.head_dim, kv.page_size},
+      stream);
+}
+
+size_t compaction_workspace_bytes(int64_t pool_rows, int num_segments) {
+  return 2 * align_up(static_cast<size_t>(pool_rows) * sizeof(int32_t)) +
+         align_up(static_cast<size_t>(num_segments) * sizeof(int32_t));
+}
+
+void evict_flagged(const PagedKvLayer& kv, const uint8_t* evict_flags, int64_t pool_rows,
+                   void* workspace, cudaStream_t stream) {
+  check_layer(kv, "evict_flagged");
+  if (evict_flags == nullptr || workspace == nullptr) {
+    fail(ErrorKind::kInvalidArgument, "evict_flagged: flags and workspace must be set");
+  }
+  if (pool_rows <= 0 || pool_rows > std::numeric_limits<int32_t>::max()) {
+    fail(ErrorKind::kInvalidArgument, "evict_flagged: {} pool rows do not fit the 32-bit scratch",
+         pool_rows);
+  }
+  int device = 0;
+  int num_sms = 0;
+  EKVA_CUDA_CHECK(cudaGetDevice(&device));
+  EKVA_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+  auto* base = static_cast<char*>(workspace);
+  const size_t rows_bytes = align_up(static_cast<size_t>(pool_rows) * sizeof(int32_t));
+  CompactLaunch launch{};
+  launch.pool = kv.pool;
+  launch.meta = kv.meta;
+  launch.page_ids = kv.page_ids;
+  launch.page_offsets = kv.page_offsets;
+  launch.lengths = kv.lengths;
+  launch.evict_flags = evict_flags;
+  launch.move_dst = reinterpret_cast<int32_t*>(base);
+  launch.move_src = reinterpret_cast<int32_t*>(base + rows_bytes);
+  launch.move_counts = reinterpret_cast<int32_t*>(base + 2 * rows_bytes);
+  launch.num_segments = kv.num_segments();
+  launch.head_dim = kv.head_dim;
+  launch.page_size = kv.page_size;
+  // Enough copying CTAs for about eight per multiprocessor, whatever the number of segments.
+  launch.copy_blocks_per_segment = std::max(1, 8 * num_sms / kv.num_segments());
+  launch_compact_kv(launch, stream);
+}
+
+void select_evictions(const PagedKvLayer& kv, const EvictionSelection& selection,
+                      uint8_t* evict_flags, cudaStream_t stream) {
+  check_layer(kv, "select_evictions");
+  if (kv.meta == nullptr || selection.budgets == nullptr || evict_flags == nullptr) {
+    fail(ErrorKind::kInvalidArgument, "select_evictions: metadata, budgets and flags must be set");
+  }
+  if (selection.num_groups <= 0 || selection.num_groups > kMaxSelectGroups ||
+      selection.num_experts <= 0) {
+    fail(ErrorKind::kUnsupported,
+         "select_evictions: {} expert groups over {} experts (1 to {} groups implemented)",
+         selection.num_groups, selection.num_experts, kMaxSelectGroups);
+  }
+  launch_select_evictions(
+      {kv.meta, kv.page_ids, kv.page_offsets, kv.lengths, selection.budgets, selection.expert_group,
+       selection.keep_from_position, evict_flags, kv.num_segments(), kv.num_kv_heads,
+       selection.num_experts, selection.num_groups, selection.sink_tokens, kv.page_size},
+      stream);
+}
+
+}  // namespace ekva::cuda

@@ -1,0 +1,261 @@
+// Device KV operations: append with RoPE, compaction of flagged slots, top-k eviction selection.
+#include <cuda_bf16.h>
+
+#include <cstdint>
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_common.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace ekva::cuda {
+namespace {
+
+// One thread per (token, KV head, rotary pair).
+__global__ void append_kv_kernel(const AppendLaunch p) {
+  const int half = p.head_dim / 2;
+  const int64_t total = static_cast<int64_t>(p.count) * p.num_kv_heads * half;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int pair = static_cast<int>(i % half);
+    const int64_t token_head = i / half;
+    const int token = static_cast<int>(token_head / p.num_kv_heads);
+    const int kv_head = static_cast<int>(token_head % p.num_kv_heads);
+    const int segment = p.sequences[token] * p.num_kv_heads + kv_head;
+    const int slot = p.slots[token_head];
+    const int32_t* table = p.page_ids + p.page_offsets[segment];
+    const int table_pages = p.page_offsets[segment + 1] - p.page_offsets[segment];
+    if (slot < 0 || slot / p.page_size >= table_pages) continue;
+    const int64_t row = pool_row(table, slot, p.page_size);
+    uint16_t* key = p.pool + key_offset(row, p.page_size, p.head_dim);
+    uint16_t* value = key + static_cast<int64_t>(p.page_size) * p.head_dim;
+
+    // As cpu::Rope: float32 angle, cos/sin in double scaled by the attention factor, then the
+    // rotation in float32 without contraction so that both backends round alike.
+    const float angle = __fmul_rn(static_cast<float>(p.positions[token]), p.inv_freq[pair]);
+    const float c = static_cast<float>(cos(static_cast<double>(angle)) * p.attention_factor);
+    const float s = static_cast<float>(sin(static_cast<double>(angle)) * p.attention_factor);
+    const float* k_in = p.keys + token_head * p.head_dim;
+    const float* v_in = p.values + token_head * p.head_dim;
+    const float a = k_in[pair];
+    const float b = k_in[pair + half];
+    key[pair] = to_bf16_bits(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)));
+    key[pair + half] = to_bf16_bits(__fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s)));
+    value[pair] = to_bf16_bits(v_in[pair]);
+    value[pair + half] = to_bf16_bits(v_in[pair + half]);
+    if (pair == 0) {
+      if (p.meta != nullptr) {
+        TokenMeta meta;  // routing and score are unknown until later
+        meta.position = p.positions[token];
+        p.meta[row] = meta;
+      }
+      atomicMax(p.lengths + segment, slot + 1);
+    }
+  }
+}
+
+constexpr int kPlanThreads = 1024;
+
+// One CTA per segment: counts the flagged slots (k), then ranks the holes below the new length
+// n = length - k and the survivors at or past it; rank r's survivor moves into rank r's hole. This
+// is the state that evicting the flagged slots one at a time, highest first, leaves (each eviction
+// moves the current last slot, a survivor, into the hole).
+__global__ void __launch_bounds__(kPlanThreads) plan_compaction_kernel(const CompactLaunch p) {
+  using Reduce = cub::BlockReduce<int, kPlanThreads>;
+  using Scan = cub::BlockScan<int, kPlanThreads>;
+  __shared__ union {
+    typename Reduce::TempStorage reduce;
+    typename Scan::TempStorage scan;
+  } temp;
+  __shared__ int evicted;
+  const int segment = blockIdx.x;
+  const int length = p.lengths[segment];
+  const int32_t* table = p.page_ids + p.page_offsets[segment];
+  const auto flagged = [&](int slot) {
+    return p.evict_flags[pool_row(table, slot, p.page_size)] != 0;
+  };
+
+  int local = 0;
+  for (int slot = threadIdx.x; slot < length; slot += kPlanThreads) local += flagged(slot);
+  const int total = Reduce(temp.reduce).Sum(local);
+  if (threadIdx.x == 0) evicted = total;
+  __syncthreads();
+  const int kept = length - evicted;
+
+  int holes = 0;
+  for (int base = 0; base < kept; base += kPlanThreads) {
+    const int slot = base + threadIdx.x;
+    const int hole = slot < kept && flagged(slot);
+    int rank = 0;
+    int chunk = 0;
+    Scan(temp.scan).ExclusiveSum(hole, rank, chunk);
+    if (hole) {
+      p.move_dst[pool_row(table, holes + rank, p.page_size)] =
+          static_cast<int32_t>(pool_row(table, slot, p.page_size));
+    }
+    holes += chunk;
+    __syncthreads();
+  }
+  int survivors = 0;
+  for (int base = kept; base < length; base += kPlanThreads) {
+    const int slot = base + threadIdx.x;
+    const int survivor = slot < length && !flagged(slot);
+    int rank = 0;
+    int chunk = 0;
+    Scan(temp.scan).ExclusiveSum(survivor, rank, chunk);
+    if (survivor) {
+      p.move_src[pool_row(table, survivors + rank, p.page_size)] =
+          static_cast<int32_t>(pool_row(table, slot, p.page_size));
+    }
+    survivors += chunk;
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    p.move_counts[segment] = holes;  // == survivors: both count the slots that change place
+    p.lengths[segment] = kept;
+  }
+}
+
+constexpr int kCopyThreads = 256;
+
+// A warp per move: K row, V row (16 bytes a lane) and the metadata.
+__global__ void __launch_bounds__(kCopyThreads) copy_moves_kernel(const CompactLaunch p) {
+  const int segment = blockIdx.x;
+  const int moves = p.move_counts[segment];
+  const int32_t* table = p.page_ids + p.page_offsets[segment];
+  const int warps = kCopyThreads / 32;
+  const int lane = threadIdx.x % 32;
+  const int chunks = p.head_dim / 8;  // 16-byte chunks per row
+  for (int r = blockIdx.y * warps + threadIdx.x / 32; r < moves; r += gridDim.y * warps) {
+    const int64_t rank_row = pool_row(table, r, p.page_size);
+    const int64_t dst = p.move_dst[rank_row];
+    const int64_t src = p.move_src[rank_row];
+    const int64_t dst_key = key_offset(dst, p.page_size, p.head_dim);
+    const int64_t src_key = key_offset(src, p.page_size, p.head_dim);
+    const int64_t value_shift = static_cast<int64_t>(p.page_size) * p.head_dim;
+    for (int c = lane; c < 2 * chunks; c += 32) {
+      const int64_t shift = (c >= chunks ? value_shift : 0) + (c % chunks) * 8;
+      *reinterpret_cast<uint4*>(p.pool + dst_key + shift) =
+          *reinterpret_cast<const uint4*>(p.pool + src_key + shift);
+    }
+    if (lane == 0 && p.meta != nullptr) p.meta[dst] = p.meta[src];
+  }
+}
+
+constexpr int kSelectThreads = 512;
+
+// Order-preserving map of a float to an unsigned integer; -0 and +0 map alike (they tie).
+__device__ __forceinline__ uint32_t ordered_bits(float x) {
+  const uint32_t u = __float_as_uint(x == 0.0f ? 0.0f : x);
+  return (u & 0x80000000u) != 0 ? ~u : u | 0x80000000u;
+}
+
+// One CTA per segment, all groups at once: a radix select (8 bits a pass) of each group's
+// budget-th largest key, where key = (score, inverted slot) is unique, so exactly `budget` keys
+// are >= it.
+__global__ void __launch_bounds__(kSelectThreads) select_evictions_kernel(const SelectLaunch p) {
+  extern __shared__ uint32_t histogram[];  // [num_groups][256]
+  __shared__ unsigned long long threshold[kMaxSelectGroups];
+  __shared__ int remaining[kMaxSelectGroups];
+  __shared__ int counts[kMaxSelectGroups];
+  const int segment = blockIdx.x;
+  const int seq = segment / p.num_kv_heads;
+  const int kv_head = segment - seq * p.num_kv_heads;
+  const int length = p.lengths[segment];
+  const int32_t* table = p.page_ids + p.page_offsets[segment];
+  const int keep_from = p.keep_from_position != nullptr ? p.keep_from_position[seq] : 0x7fffffff;
+
+  const auto group_of = [&](const TokenMeta& m) {
+    if (m.position < p.sink_tokens || m.position >= keep_from) return -1;
+    if (m.expert < 0 || m.expert >= p.num_experts) return -1;
+    const int g = p.expert_group != nullptr ? p.expert_group[m.expert] : m.expert;
+    return g >= 0 && g < p.num_groups ? g : -1;
+  };
+  const auto key_of = [](const TokenMeta& m, int slot) {
+    return (static_cast<unsigned long long>(ordered_bits(m.score)) << 32) |
+           (0xffffffffu - static_cast<uint32_t>(slot));
+  };
+
+  for (int g = threadIdx.x; g < p.num_groups; g += blockDim.x) counts[g] = 0;
+  __syncthreads();
+  for (int slot = threadIdx.x; slot < length; slot += blockDim.x) {
+    const int g = group_of(p.meta[pool_row(table, slot, p.page_size)]);
+    if (g >= 0) atomicAdd(&counts[g], 1);
+  }
+  __syncthreads();
+  // threshold 0: keep the whole group; ~0: evict it whole (budget 0). Else selection pending.
+  for (int g = threadIdx.x; g < p.num_groups; g += blockDim.x) {
+    const int budget = p.budgets[kv_head * p.num_groups + g];
+    remaining[g] = counts[g] > budget && budget > 0 ? budget : 0;
+    threshold[g] = budget <= 0 ? ~0ull : 0ull;
+  }
+  __syncthreads();
+
+  for (int shift = 56; shift >= 0; shift -= 8) {
+    const unsigned long long decided = shift == 56 ? 0ull : ~0ull << (shift + 8);
+    for (int i = threadIdx.x; i < p.num_groups * 256; i += blockDim.x) histogram[i] = 0;
+    __syncthreads();
+    for (int slot = threadIdx.x; slot < length; slot += blockDim.x) {
+      const TokenMeta m = p.meta[pool_row(table, slot, p.page_size)];
+      const int g = group_of(m);
+      if (g < 0 || remaining[g] == 0) continue;
+      const unsigned long long key = key_of(m, slot);
+      if ((key & decided) == threshold[g]) {
+        atomicAdd(&histogram[g * 256 + static_cast<int>((key >> shift) & 0xff)], 1u);
+      }
+    }
+    __syncthreads();
+    for (int g = threadIdx.x; g < p.num_groups; g += blockDim.x) {
+      if (remaining[g] == 0) continue;
+      int above = 0;
+      for (int digit = 255; digit >= 0; --digit) {
+        const int here = static_cast<int>(histogram[g * 256 + digit]);
+        if (above + here >= remaining[g]) {
+          threshold[g] |= static_cast<unsigned long long>(digit) << shift;
+          remaining[g] -= above;
+          break;
+        }
+        above += here;
+      }
+    }
+    __syncthreads();
+  }
+
+  for (int slot = threadIdx.x; slot < length; slot += blockDim.x) {
+    const int64_t row = pool_row(table, slot, p.page_size);
+    const TokenMeta m = p.meta[row];
+    const int g = group_of(m);
+    p.evict_flags[row] = g >= 0 && key_of(m, slot) < threshold[g] ? 1 : 0;
+  }
+}
+
+}  // namespace
+
+void launch_append_kv(const AppendLaunch& launch, cudaStream_t stream) {
+  const int64_t work =
+      static_cast<int64_t>(launch.count) * launch.num_kv_heads * launch.head_dim / 2;
+  const int threads = 256;
+  const int blocks = static_cast<int>(std::min<int64_t>((work + threads - 1) / threads, 4096));
+  append_kv_kernel<<<blocks, threads, 0, stream>>>(launch);
+  EKVA_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_compact_kv(const CompactLaunch& launch, cudaStream_t stream) {
+  plan_compaction_kernel<<<launch.num_segments, kPlanThreads, 0, stream>>>(launch);
+  EKVA_CUDA_CHECK(cudaGetLastError());
+  const dim3 grid(launch.num_segments, launch.copy_blocks_per_segment);
+  copy_moves_kernel<<<grid, kCopyThreads, 0, stream>>>(launch);
+  EKVA_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_select_evictions(const SelectLaunch& launch, cudaStream_t stream) {
+  const size_t histogram_bytes = static_cast<size_t>(launch.num_groups) * 256 * sizeof(uint32_t);
+  EKVA_CUDA_CHECK(cudaFuncSetAttribute(select_evictions_kernel,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(histogram_bytes)));
+  select_evictions_kernel<<<launch.num_segments, kSelectThreads, histogram_bytes, stream>>>(launch);
+  EKVA_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace ekva::cuda

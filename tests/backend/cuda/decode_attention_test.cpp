@@ -1,0 +1,212 @@
+#include "backend/cuda/decode_attention.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "backend/cpu/ops.h"
+#include "backend/cuda/dispatch.h"
+#include "core/error.h"
+#include "paged_kv_fixture.h"
+
+namespace ekva::cuda {
+namespace {
+
+using testing::DevicePagedKv;
+
+struct Case {
+  int num_sequences;
+  int num_kv_heads;
+  int group;
+  int head_dim;
+  int page_size;
+  int max_length;     // lengths drawn in [0, max_length]
+  int fixed_length;   // when > 0: segment 0 gets exactly this many slots
+  float query_scale;  // larger: a peakier softmax
+  bool with_scores;
+};
+
+// Reference weights: per slot, the softmax weight summed over the group's query heads, in double.
+std::vector<double> reference_weights(const KvCache& cache, const std::vector<float>& q, int seq,
+                                      int kv_head, int group) {
+  const HeadTable& t = cache.table(seq, 0, kv_head);
+  const int d = cache.head_dim();
+  const int num_q_heads = cache.num_kv_heads() * group;
+  std::vector<double> weights(t.size(), 0.0);
+  std::vector<double> logits(t.size());
+  for (int g = 0; g < group; ++g) {
+    const float* qh = q.data() + (static_cast<size_t>(seq) * num_q_heads + kv_head * group + g) * d;
+    double max_logit = -std::numeric_limits<double>::infinity();
+    for (int s = 0; s < t.size(); ++s) {
+      const float* k = cache.key(seq, 0, kv_head, s);
+      double dot = 0.0;
+      for (int j = 0; j < d; ++j) dot += static_cast<double>(qh[j]) * k[j];
+      logits[s] = dot / std::sqrt(static_cast<double>(d));
+      max_logit = std::max(max_logit, logits[s]);
+    }
+    double sum = 0.0;
+    for (int s = 0; s < t.size(); ++s) sum += std::exp(logits[s] - max_logit);
+    for (int s = 0; s < t.size(); ++s) weights[s] += std::exp(logits[s] - max_logit) / sum;
+  }
+  return weights;
+}
+
+void run_case(const Case& c, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const int num_q_heads = c.num_kv_heads * c.group;
+  const int segments = c.num_sequences * c.num_kv_heads;
+  std::uniform_int_distribution<int> length(0, c.max_length);
+  std::vector<int32_t> lengths(segments);
+  for (int32_t& l : lengths) l = length(rng);
+  if (c.fixed_length > 0) lengths[0] = c.fixed_length;
+
+  KvCache cache(testing::kv_spec(c.num_kv_heads, c.head_dim, c.group), c.num_sequences,
+                c.page_size);
+  testing::fill_cache(cache, lengths, rng);
+  DevicePagedKv kv = testing::upload_cache(cache);
+
+  std::normal_distribution<float> normal(0.0f, c.query_scale);
+  std::vector<float> q(static_cast<size_t>(c.num_sequences) * num_q_heads * c.head_dim);
+  for (float& x : q) x = testing::round_bf16(normal(rng));
+  std::vector<uint16_t> q_bits(q.size());
+  std::transform(q.begin(), q.end(), q_bits.begin(), f32_to_bf16);
+
+  std::vector<int32_t> seq(c.num_sequences), pos(c.num_sequences, std::numeric_limits<int>::max());
+  for (int s = 0; s < c.num_sequences; ++s) seq[s] = s;
+  std::vector<float> expected(q.size());
+  cpu::attention(cache, 0, q.data(), seq.data(), pos.data(), c.num_sequences, num_q_heads,
+                 expected.data());
+
+  const DecodeAttentionShape shape{c.num_sequences, num_q_heads, c.num_kv_heads,
+                                   c.head_dim,      c.page_size, c.with_scores};
+  const DecodeAttentionPlan plan(shape, lengths);
+  DeviceBuffer<uint8_t> workspace(plan.workspace_bytes());
+  DeviceBuffer<uint16_t> q_device{std::span<const uint16_t>(q_bits)};
+  // Poisoned with NaN: an element the kernels fail to write shows up.
+  DeviceBuffer<uint16_t> out{std::span<const uint16_t>(std::vector<uint16_t>(q.size(), 0x7fc0))};
+  DeviceBuffer<float> scores(c.with_scores ? static_cast<size_t>(kv.pool_rows) : 0);
+  plan.upload(workspace.data(), nullptr);
+  plan.run(kv.layer, q_device.data(), out.data(), c.with_scores ? scores.data() : nullptr,
+           workspace.data(), nullptr);
+  EKVA_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<uint16_t> got = out.download();
+
+  double err2 = 0.0, ref2 = 0.0, max_ref = 0.0;
+  for (float x : expected) max_ref = std::max(max_ref, std::abs(static_cast<double>(x)));
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double g = bf16_to_f32(got[i]);
+    ASSERT_FALSE(std::isnan(g)) << "output element " << i << " not written";
+    const double diff = g - expected[i];
+    ASSERT_LE(std::abs(diff), 0.02 * max_ref + 1e-3)
+        << "element " << i << ": got " << g << ", CPU " << expected[i];
+    err2 += diff * diff;
+    ref2 += static_cast<double>(expected[i]) * expected[i];
+  }
+  EXPECT_LT(std::sqrt(err2 / std::max(ref2, 1e-30)), 1e-2);
+
+  if (c.with_scores) {
+    const std::vector<float> got_scores = scores.download();
+    for (int s = 0; s < c.num_sequences; ++s) {
+      for (int h = 0; h < c.num_kv_heads; ++h) {
+        const std::vector<double> ref = reference_weights(cache, q, s, h, c.group);
+        const HeadTable& t = cache.table(s, 0, h);
+        for (int slot = 0; slot < t.size(); ++slot) {
+          const double w =
+              got_scores[static_cast<size_t>(t.pages[slot / c.page_size]) * c.page_size +
+                         slot % c.page_size];
+          ASSERT_NEAR(w, ref[slot], 2e-3 * ref[slot] + 1e-6)
+              << "sequence " << s << " KV head " << h << " slot " << slot;
+        }
+      }
+    }
+  }
+}
+
+class DecodeAttentionTest : public ::testing::Test {
+ protected:
+  void SetUp() override { EKVA_SKIP_WITHOUT_GPU(); }
+};
+
+TEST_F(DecodeAttentionTest, RaggedAllShapesMatchCpu) {
+  const bool small = testing::small_sizes();
+  uint32_t seed = 1;
+  for (int head_dim : {64, 128}) {
+    for (int group : {1, 4, 8}) {
+      SCOPED_TRACE(::testing::Message() << "head_dim " << head_dim << " group " << group);
+      const int batch = small ? 3 : 1 + static_cast<int>(seed * 7919 % 64);
+      run_case({batch, 2, group, head_dim, 16, small ? 100 : 1500, 0, 1.0f, false}, seed++);
+    }
+  }
+}
+
+TEST_F(DecodeAttentionTest, OddPageSizeAndPeakedSoftmax) {
+  const bool small = testing::small_sizes();
+  run_case({small ? 3 : 29, 3, 4, 128, 7, small ? 90 : 999, 0, 6.0f, false}, 11);
+  run_case({small ? 2 : 17, 1, 8, 64, 5, small ? 77 : 1777, 1, 4.0f, false}, 12);
+}
+
+TEST_F(DecodeAttentionTest, LongContext) {
+  const bool small = testing::small_sizes();
+  run_case({2, 1, 4, 128, 16, small ? 300 : 40000, small ? 1000 : 131072, 2.0f, false}, 21);
+  run_case({1, 2, 8, 64, 16, small ? 300 : 100003, small ? 700 : 100003, 1.0f, false}, 22);
+}
+
+TEST_F(DecodeAttentionTest, FullBatchOfShortSequences) {
+  const bool small = testing::small_sizes();
+  run_case({small ? 8 : 64, 2, 4, 128, 16, small ? 20 : 300, 0, 1.0f, false}, 31);
+}
+
+TEST_F(DecodeAttentionTest, FusedScoresMatchReferenceWeights) {
+  const bool small = testing::small_sizes();
+  run_case({small ? 3 : 9, 2, 4, 128, 16, small ? 150 : 3000, 0, 3.0f, true}, 41);
+  run_case({small ? 2 : 5, 2, 8, 64, 16, small ? 150 : 2000, small ? 300 : 20000, 1.0f, true}, 42);
+  run_case({3, 4, 1, 64, 8, 100, 0, 1.0f, true}, 43);
+}
+
+// Host-side checks: these run without a GPU too.
+TEST(DecodeAttentionPlanTest, RejectsUnsupportedShapes) {
+  EXPECT_TRUE(DecodeAttentionPlan::can_implement({4, 32, 8, 128, 16, false}));
+  EXPECT_FALSE(DecodeAttentionPlan::can_implement({4, 32, 8, 96, 16, false}));
+  EXPECT_FALSE(DecodeAttentionPlan::can_implement({4, 12, 4, 128, 16, false}));  // group 3
+  EXPECT_FALSE(DecodeAttentionPlan::can_implement({4, 30, 8, 128, 16, false}));  // not divisible
+  EXPECT_FALSE(DecodeAttentionPlan::can_implement({0, 32, 8, 128, 16, false}));
+  // Validation comes before any device query, so this holds without a GPU too.
+  const std::vector<int32_t> lengths(4 * 4, 10);
+  try {
+    DecodeAttentionPlan({4, 12, 4, 96, 16, false}, lengths);
+    FAIL() << "expected ekva::Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("head_dim 96"), std::string::npos) << e.what();
+  }
+}
+
+TEST(DecodeAttentionPlanTest, DispatchThrowsOnUnsupportedValues) {
+  int seen = 0;
+  dispatch_decode_shape(
+      128, 4, [&](auto d, auto g) { seen = decltype(d)::value * 10 + decltype(g)::value; });
+  EXPECT_EQ(seen, 1284);
+  const auto nothing = [](auto, auto) {};
+  EXPECT_THROW(dispatch_decode_shape(96, 4, nothing), Error);
+  EXPECT_THROW(dispatch_decode_shape(128, 2, nothing), Error);
+}
+
+TEST(CudaCheckTest, ThrowsErrorNamingCallFileAndLine) {
+  try {
+    EKVA_CUDA_CHECK(cudaErrorInvalidValue);
+    FAIL() << "expected ekva::Error";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_NE(what.find("decode_attention_test.cpp"), std::string::npos) << what;
+    EXPECT_NE(what.find("cudaErrorInvalidValue"), std::string::npos) << what;
+  }
+  EXPECT_NO_THROW(EKVA_CUDA_CHECK(cudaSuccess));
+}
+
+}  // namespace
+}  // namespace ekva::cuda
