@@ -13,5 +13,6 @@ void add_forward(CLI::App& app, Action& action);
 void add_generate(CLI::App& app, Action& action);
 void add_tokenize(CLI::App& app, Action& action);
 void add_detokenize(CLI::App& app, Action& action);
+void add_roofline(CLI::App& app, Action& action);
 
 }  // namespace ekva::cli

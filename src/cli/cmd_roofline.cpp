@@ -1,0 +1,550 @@
+#include <fmt/core.h>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "io/json_file.h"
+#include "io/model_config.h"
+#include "kv/budget_plan.h"
+#include "roofline/cost_model.h"
+#include "roofline/measured.h"
+#include "roofline/memory_model.h"
+#include "roofline/search.h"
+#include "roofline/svg_chart.h"
+
+namespace ekva::cli {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+// Options both `ekva roofline` and `ekva roofline search` take.
+struct CommonArgs {
+  std::string model;
+  std::string hw;
+  std::string hw_file;
+  int64_t context = 0;
+  std::string kv_dtype = "bf16";
+  std::string weight_dtype;  // empty: the checkpoint's dtype
+  std::string routing;
+  bool datasheet = false;
+  double workspace_gib = 1.0;
+  bool json = false;
+};
+
+struct PredictArgs {
+  CommonArgs common;
+  int64_t batch = 1;
+  std::string phase = "decode";
+  std::string plan;
+  std::string svg;
+  std::string measured;
+  bool per_layer = false;
+  bool list_hw = false;
+};
+
+struct SearchArgs {
+  CommonArgs common;
+  double max_time_per_token = 0;
+  double min_throughput = 0;
+  double memory_cap_gib = 0;
+  std::vector<double> fractions;
+  int64_t batch_limit = 4096;
+  double knee_threshold = 0.05;
+};
+
+void add_common(CLI::App* cmd, CommonArgs& a) {
+  cmd->add_option("--model", a.model, "Model directory or config.json alone");
+  cmd->add_option("--hw", a.hw,
+                  "Hardware: a name in data/hardware (h200, a100-80gb, ...) or a path to a JSON "
+                  "file");
+  cmd->add_option("--hw-file", a.hw_file, "Hardware spec JSON file (schema in docs/ROOFLINE.md)");
+  cmd->add_option("--context", a.context,
+                  "Decode: tokens in each sequence's context; prefill: prompt length");
+  cmd->add_option("--kv-dtype", a.kv_dtype, "KV cache format: bf16, f16, fp8, int8, int4, f32")
+      ->capture_default_str();
+  cmd->add_option("--weight-dtype", a.weight_dtype,
+                  "Weight format (default: the checkpoint's): bf16, f16, fp8, int8, int4, f32");
+  cmd->add_option("--routing", a.routing,
+                  "Measured routing histogram JSON {\"expert_counts\": [[...], ...]}; default "
+                  "uniform routing");
+  cmd->add_flag("--datasheet", a.datasheet, "Ignore the measured profile of the hardware file");
+  cmd->add_option("--workspace-gib", a.workspace_gib,
+                  "Memory reserved for the runtime and GEMM workspaces")
+      ->capture_default_str();
+  cmd->add_flag("--json", a.json, "Print one JSON object");
+}
+
+HardwareSpec resolve_hardware(const CommonArgs& a) {
+  if (!a.hw.empty() && !a.hw_file.empty()) {
+    fail(ErrorKind::kInvalidArgument, "give --hw or --hw-file, not both");
+  }
+  if (!a.hw_file.empty()) return load_hardware_file(a.hw_file);
+  if (a.hw.empty()) fail(ErrorKind::kInvalidArgument, "--hw or --hw-file is required");
+  return find_hardware(a.hw);
+}
+
+// The workload parts both commands share; batch, phase and retention are set by the caller.
+Workload base_workload(const ModelSpec& spec, const CommonArgs& a) {
+  if (a.model.empty()) fail(ErrorKind::kInvalidArgument, "--model is required");
+  Workload w;
+  w.context = a.context;
+  w.kv_format = parse_number_format(a.kv_dtype, "--kv-dtype");
+  if (!a.weight_dtype.empty()) {
+    w.weight_format = parse_number_format(a.weight_dtype, "--weight-dtype");
+  } else if (spec.weight_dtype == DType::kF32) {
+    w.weight_format = NumberFormat::kF32;
+  } else if (spec.weight_dtype == DType::kF16) {
+    w.weight_format = NumberFormat::kF16;
+  } else {
+    w.weight_format = NumberFormat::kBF16;
+  }
+  // Kernels compute in bf16 unless the checkpoint is float32 (the tiny test models).
+  w.activation_format =
+      w.weight_format == NumberFormat::kF32 ? NumberFormat::kF32 : NumberFormat::kBF16;
+  if (!a.routing.empty()) w.routing = RoutingModel::load(a.routing, spec);
+  return w;
+}
+
+MemoryOptions memory_options(const CommonArgs& a) {
+  MemoryOptions m;
+  m.workspace_bytes = a.workspace_gib * kGiB;
+  return m;
+}
+
+std::string model_line(const ModelSpec& s, const Workload& w) {
+  return fmt::format(
+      "{}: {} layers ({} MoE), {} experts top-{}, {} q / {} KV heads of {}, "
+      "weights {}, KV {}",
+      s.model_type, s.num_layers, s.num_moe_layers(), s.num_experts, s.top_k, s.num_heads,
+      s.num_kv_heads, s.head_dim, number_format_name(w.weight_format),
+      number_format_name(w.kv_format));
+}
+
+std::string hardware_line(const HardwareSpec& hw, const Ceilings& c, bool datasheet) {
+  return fmt::format(
+      "{} ({}): read {:.0f} GB/s, write {:.0f} GB/s, bf16 {:.1f} TFLOP/s, fp32 {:.1f} "
+      "TFLOP/s, {:.1f} GiB; {}",
+      hw.name, hw.description, c.read_bandwidth / 1e9, c.write_bandwidth / 1e9,
+      c.peak(PeakFormat::kBF16) / 1e12, c.peak(PeakFormat::kFP32) / 1e12, hw.memory_bytes / kGiB,
+      hw.measured && !datasheet ? "measured profile" : "datasheet ceilings");
+}
+
+nlohmann::json operator_json(const OperatorCost& r) {
+  return {{"operator", std::string(operator_name(r.kind))},
+          {"class", std::string(operator_class_name(operator_class(r.kind)))},
+          {"layer", r.layer},
+          {"rows", r.count},
+          {"flops", r.flops},
+          {"bytes", r.bytes()},
+          {"weight_bytes", r.weight_bytes},
+          {"activation_read_bytes", r.activation_read_bytes},
+          {"activation_write_bytes", r.activation_write_bytes},
+          {"kv_read_bytes", r.kv_read_bytes},
+          {"kv_write_bytes", r.kv_write_bytes},
+          {"intensity", r.intensity()},
+          {"peak_format", std::string(peak_format_name(r.peak_format))},
+          {"efficiency", r.efficiency},
+          {"compute_time_s", r.compute_time_s},
+          {"memory_time_s", r.memory_time_s},
+          {"time_s", r.time_s},
+          {"bound", std::string(bound_name(r.bound))}};
+}
+
+nlohmann::json memory_json(const MemoryUse& m, int64_t largest_batch) {
+  return {{"weight_bytes", m.weight_bytes},
+          {"kv_bytes", m.kv_bytes},
+          {"activation_bytes", m.activation_bytes},
+          {"workspace_bytes", m.workspace_bytes},
+          {"total_bytes", m.total_bytes},
+          {"capacity_bytes", m.capacity_bytes},
+          {"fits", m.fits()},
+          {"max_batch", largest_batch}};
+}
+
+void print_table(const std::vector<OperatorCost>& rows, const StepCost& totals, bool per_layer) {
+  fmt::print("{:<17} {:>5} {:>5} {:>11} {:>10} {:>10} {:>10} {:>10} {:>9} {:>7} {:>11} {:>6}\n",
+             "operator", "layer", "rows", "GFLOP", "weight MB", "act MB", "KV rd MB", "KV wr MB",
+             "FLOP/B", "bound", "time us", "share");
+  const auto line = [&](const std::string& name, const std::string& layer, int count, double flops,
+                        double weight, double act, double kv_read, double kv_write, double bytes,
+                        const std::string& bound, double time) {
+    fmt::print(
+        "{:<17} {:>5} {:>5} {:>11.3f} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>9.2f} {:>7} "
+        "{:>11.2f} {:>5.1f}%\n",
+        name, layer, count, flops / 1e9, weight / 1e6, act / 1e6, kv_read / 1e6, kv_write / 1e6,
+        bytes > 0 ? flops / bytes : 0.0, bound, time * 1e6,
+        totals.time_s > 0 ? 100 * time / totals.time_s : 0.0);
+  };
+  for (const auto& r : rows) {
+    line(std::string(operator_name(r.kind)),
+         per_layer && r.layer >= 0 ? std::to_string(r.layer) : "", r.count, r.flops, r.weight_bytes,
+         r.activation_read_bytes + r.activation_write_bytes, r.kv_read_bytes, r.kv_write_bytes,
+         r.bytes(), std::string(bound_name(r.bound)), r.time_s);
+  }
+  int count = 0;
+  for (const auto& r : rows) count += r.count;
+  line("total", "", count, totals.flops, totals.weight_bytes, totals.activation_bytes,
+       totals.kv_read_bytes, totals.kv_write_bytes, totals.bytes,
+       std::string(bound_name(totals.bound)), totals.time_s);
+}
+
+std::string measured_label(const MeasuredOperator& m) {
+  std::string label = m.name;
+  if (m.layer) label += fmt::format(" L{}", *m.layer);
+  if (m.batch) label += fmt::format(" b{}", *m.batch);
+  if (m.context) label += fmt::format(" ctx{}", *m.context);
+  if (m.kv_fraction) label += fmt::format(" kv{:g}", *m.kv_fraction);
+  return label;
+}
+
+int run_predict(const PredictArgs& a) {
+  if (a.list_hw) {
+    for (const auto& name : list_hardware_names()) {
+      const HardwareSpec hw = find_hardware(name);
+      fmt::print("{:<14} {}{}\n", name, hw.description, hw.measured ? " (measured profile)" : "");
+    }
+    return 0;
+  }
+  const CommonArgs& c = a.common;
+  if (c.model.empty()) fail(ErrorKind::kInvalidArgument, "--model is required");
+  const ModelSpec spec = load_model_config(c.model);
+  const HardwareSpec hw = resolve_hardware(c);
+  Workload w = base_workload(spec, c);
+  w.phase = parse_phase(a.phase, "--phase");
+  w.batch = a.batch;
+  if (w.phase == Phase::kPrefill && w.context < 1) {
+    fail(ErrorKind::kInvalidArgument, "--context (the prompt length) is required for prefill");
+  }
+  std::string retention = "full KV";
+  if (!a.plan.empty()) {
+    const BudgetPlan plan = BudgetPlan::load(a.plan);
+    w.retained = KvRetention::from_plan(spec, plan, w.context);
+    retention = fmt::format("plan {}", a.plan);
+  } else {
+    w.retained = KvRetention::full(spec, w.context);
+  }
+  const Ceilings ceilings = hw.ceilings(c.datasheet);
+  const StepCost step = predict_step(spec, hw, w, c.datasheet);
+  const MemoryOptions mem_options = memory_options(c);
+  const MemoryUse memory = memory_use(spec, hw, w, step, mem_options);
+  const int64_t largest_batch = max_batch(spec, hw, w, mem_options);
+  const auto params = spec.parameters();
+  const double kv_per_token =
+      static_cast<double>(spec.kv_bytes_per_token(1)) * number_format_bytes(w.kv_format);
+  const double kv_per_sequence = w.retained.bytes(spec, w.kv_format);
+  const double retained_fraction =
+      w.context > 0 ? w.retained.total() /
+                          (static_cast<double>(w.context) * spec.num_layers * spec.num_kv_heads)
+                    : 1.0;
+  const double tokens_per_s =
+      (w.phase == Phase::kDecode ? static_cast<double>(w.batch) : step.tokens) / step.time_s;
+
+  std::vector<PredictionError> errors;
+  if (!a.measured.empty()) {
+    const MeasuredTimes measured = load_measured_times(a.measured);
+    if (!measured.hardware.empty() && measured.hardware != hw.name) {
+      fail(ErrorKind::kInvalidArgument, "{}: measured on '{}', but --hw is '{}'", a.measured,
+           measured.hardware, hw.name);
+    }
+    errors = compare_with_measured(spec, hw, w, measured, c.datasheet);
+  }
+  const std::vector<OperatorCost> by_operator = aggregate_by_operator(step.operators);
+  if (!a.svg.empty()) {
+    std::vector<ChartPoint> points;
+    for (const auto& r : by_operator) {
+      if (r.time_s > 0)
+        points.push_back({std::string(operator_name(r.kind)), r.intensity(), r.flops / r.time_s});
+    }
+    for (const auto& e : errors) {
+      if (e.bytes > 0) {
+        points.push_back({measured_label(e.measured) + " (measured)", e.flops / e.bytes,
+                          e.flops / e.measured.time_s, true});
+      }
+    }
+    const std::string title =
+        fmt::format("{} on {}: {} batch {} context {} ({})", spec.model_type, hw.name,
+                    phase_name(w.phase), w.batch, w.context, retention);
+    write_text_file(a.svg,
+                    roofline_svg(title, ceilings, gemm_peak_format(w.weight_format), points));
+  }
+
+  if (c.json) {
+    nlohmann::json ops = nlohmann::json::array();
+    for (const auto& r : step.operators) ops.push_back(operator_json(r));
+    nlohmann::json j = {
+        {"model",
+         {{"architecture", spec.model_type},
+          {"source", c.model},
+          {"layers", spec.num_layers},
+          {"experts", spec.num_experts},
+          {"top_k", spec.top_k},
+          {"kv_heads", spec.num_kv_heads},
+          {"head_dim", spec.head_dim}}},
+        {"hardware",
+         {{"name", hw.name},
+          {"source", hw.source},
+          {"ceilings", c.datasheet || !hw.measured ? "datasheet" : "measured"},
+          {"read_bandwidth", ceilings.read_bandwidth},
+          {"write_bandwidth", ceilings.write_bandwidth},
+          {"peak_bf16_flops", ceilings.peak(PeakFormat::kBF16)},
+          {"peak_fp32_flops", ceilings.peak(PeakFormat::kFP32)},
+          {"memory_bytes", hw.memory_bytes}}},
+        {"workload",
+         {{"phase", std::string(phase_name(w.phase))},
+          {"batch", w.batch},
+          {"context", w.context},
+          {"kv_dtype", std::string(number_format_name(w.kv_format))},
+          {"weight_dtype", std::string(number_format_name(w.weight_format))},
+          {"activation_dtype", std::string(number_format_name(w.activation_format))},
+          {"kv", retention},
+          {"kv_retained_fraction", retained_fraction},
+          {"routing", w.routing.is_uniform() ? "uniform" : c.routing}}},
+        {"kv_bytes_per_token", kv_per_token},
+        {"kv_bytes_per_sequence", kv_per_sequence},
+        {"total_params", params.total},
+        {"active_params_per_token", params.active_per_token},
+        {"experts_touched_per_layer", step.mean_experts_touched()},
+        {"experts_touched_by_layer", step.experts_touched},
+        {"tokens", step.tokens},
+        {"time_s", step.time_s},
+        {"tokens_per_s", tokens_per_s},
+        {"flops", step.flops},
+        {"bytes", step.bytes},
+        {"weight_bytes", step.weight_bytes},
+        {"activation_bytes", step.activation_bytes},
+        {"kv_read_bytes", step.kv_read_bytes},
+        {"kv_write_bytes", step.kv_write_bytes},
+        {"intensity", step.intensity()},
+        {"bound", std::string(bound_name(step.bound))},
+        {"time_breakdown_s",
+         {{"weights", step.weight_time_s},
+          {"kv", step.kv_time_s},
+          {"activations", step.activation_time_s},
+          {"compute", step.compute_time_s}}},
+        {"memory", memory_json(memory, largest_batch)},
+        {"operators", ops},
+    };
+    if (!a.measured.empty()) {
+      nlohmann::json m = nlohmann::json::array();
+      for (const auto& e : errors) {
+        m.push_back({{"operator", e.measured.name},
+                     {"label", measured_label(e.measured)},
+                     {"measured_s", e.measured.time_s},
+                     {"predicted_s", e.predicted_s},
+                     {"error", e.error}});
+      }
+      j["measured"] = m;
+    }
+    fmt::print("{}\n", j.dump(2));
+    return 0;
+  }
+
+  fmt::print("model     {}\n", model_line(spec, w));
+  fmt::print("hardware  {}\n", hardware_line(hw, ceilings, c.datasheet));
+  fmt::print("workload  {}, batch {}, context {}, {} ({:.1f}% of the context kept), {} routing\n\n",
+             phase_name(w.phase), w.batch, w.context, retention, 100 * retained_fraction,
+             w.routing.is_uniform() ? "uniform" : "measured");
+  print_table(a.per_layer ? step.operators : by_operator, step, a.per_layer);
+  fmt::print("\nstep time          {:.2f} us ({}-bound), {:.0f} tokens/s\n", step.time_s * 1e6,
+             bound_name(step.bound), tokens_per_s);
+  fmt::print(
+      "time split         weights {:.1f}%, KV {:.1f}%, activations {:.1f}%, compute {:.1f}%\n",
+      100 * step.weight_time_s / step.time_s, 100 * step.kv_time_s / step.time_s,
+      100 * step.activation_time_s / step.time_s, 100 * step.compute_time_s / step.time_s);
+  fmt::print("KV bytes per token {:.0f} (full, {}); {:.3f} MiB per sequence as kept\n",
+             kv_per_token, number_format_name(w.kv_format), kv_per_sequence / (1024.0 * 1024.0));
+  fmt::print("parameters         {} total, {} active per token\n", params.total,
+             params.active_per_token);
+  fmt::print("experts touched    {:.2f} per MoE layer of {} (tokens per step {:.0f})\n",
+             step.mean_experts_touched(), spec.num_experts, step.tokens);
+  fmt::print(
+      "memory             weights {:.2f} GiB + KV {:.2f} GiB + activations {:.2f} GiB + "
+      "workspace {:.2f} GiB = {:.2f} GiB of {:.2f} GiB ({}); largest batch {}\n",
+      memory.weight_bytes / kGiB, memory.kv_bytes / kGiB, memory.activation_bytes / kGiB,
+      memory.workspace_bytes / kGiB, memory.total_bytes / kGiB, memory.capacity_bytes / kGiB,
+      memory.fits() ? "fits" : "does not fit", largest_batch);
+  if (!errors.empty()) {
+    fmt::print("\n{:<40} {:>13} {:>13} {:>9}\n", "measured", "measured us", "predicted us",
+               "error");
+    double abs_sum = 0;
+    for (const auto& e : errors) {
+      fmt::print("{:<40} {:>13.2f} {:>13.2f} {:>+8.1f}%\n", measured_label(e.measured),
+                 e.measured.time_s * 1e6, e.predicted_s * 1e6, 100 * e.error);
+      abs_sum += std::abs(e.error);
+    }
+    fmt::print("mean absolute error {:.1f}% over {} measurements\n",
+               100 * abs_sum / static_cast<double>(errors.size()), errors.size());
+  }
+  if (!a.svg.empty()) fmt::print("\nwrote {}\n", a.svg);
+  return 0;
+}
+
+int run_search(const SearchArgs& a) {
+  const CommonArgs& c = a.common;
+  if (c.model.empty()) fail(ErrorKind::kInvalidArgument, "--model is required");
+  const ModelSpec spec = load_model_config(c.model);
+  const HardwareSpec hw = resolve_hardware(c);
+  if (c.context < 1) fail(ErrorKind::kInvalidArgument, "--context is required");
+  const Workload base = base_workload(spec, c);
+  const int targets = (a.max_time_per_token > 0) + (a.min_throughput > 0) + (a.memory_cap_gib > 0);
+  if (targets != 1) {
+    fail(ErrorKind::kInvalidArgument,
+         "give exactly one target: --max-time-per-token S, --min-throughput TOKENS_PER_S or "
+         "--memory-cap-gib GIB");
+  }
+  SearchTarget target;
+  if (a.max_time_per_token > 0) {
+    target = {TargetKind::kMaxTimePerToken, a.max_time_per_token};
+  } else if (a.min_throughput > 0) {
+    target = {TargetKind::kMinThroughput, a.min_throughput};
+  } else {
+    target = {TargetKind::kMemoryCap, a.memory_cap_gib * kGiB};
+  }
+  SearchOptions options;
+  options.fractions = a.fractions;
+  for (double f : options.fractions) {
+    if (!(f > 0) || f > 1) fail(ErrorKind::kInvalidArgument, "--fractions: {} is not in (0, 1]", f);
+  }
+  options.batch_limit = a.batch_limit;
+  options.knee_threshold = a.knee_threshold;
+  options.memory = memory_options(c);
+  options.datasheet_only = c.datasheet;
+  const SearchResult r = search_kv_budget(spec, hw, base, target, options);
+
+  if (c.json) {
+    nlohmann::json points = nlohmann::json::array();
+    for (const auto& p : r.points) {
+      points.push_back({{"kv_fraction", p.kv_fraction},
+                        {"kv_bytes_per_sequence", p.kv_bytes_per_sequence},
+                        {"feasible", p.feasible},
+                        {"batch", p.batch},
+                        {"memory_batch", p.memory_batch},
+                        {"time_s", p.time_s},
+                        {"tokens_per_s", p.tokens_per_s},
+                        {"gain_over_full", p.gain_over_full},
+                        {"limited_by", p.limited_by},
+                        {"bound", std::string(bound_name(p.step.bound))},
+                        {"memory", memory_json(p.memory, p.memory_batch)}});
+    }
+    const auto point_or_null = [&](int i) {
+      return i < 0 ? nlohmann::json(nullptr) : points[static_cast<size_t>(i)];
+    };
+    nlohmann::json j = {
+        {"model", c.model},
+        {"hardware", hw.name},
+        {"context", c.context},
+        {"kv_dtype", std::string(number_format_name(base.kv_format))},
+        {"target", {{"kind", std::string(target_kind_name(target.kind))}, {"value", target.value}}},
+        {"points", points},
+        {"chosen", point_or_null(r.chosen)},
+        {"knee", point_or_null(r.knee)},
+        {"knee_dominated_by", r.knee_dominated_by}};
+    fmt::print("{}\n", j.dump(2));
+    return 0;
+  }
+  fmt::print("model     {}\n", model_line(spec, base));
+  fmt::print("hardware  {}\n", hardware_line(hw, hw.ceilings(c.datasheet), c.datasheet));
+  std::string target_text;
+  switch (target.kind) {
+    case TargetKind::kMaxTimePerToken:
+      target_text = fmt::format("at most {:.3f} ms per decode step (per token of a sequence)",
+                                target.value * 1e3);
+      break;
+    case TargetKind::kMinThroughput:
+      target_text = fmt::format("at least {:.0f} generated tokens/s", target.value);
+      break;
+    case TargetKind::kMemoryCap:
+      target_text = fmt::format("at most {:.2f} GiB of memory", target.value / kGiB);
+      break;
+  }
+  fmt::print("target    {}, context {}, decode\n\n", target_text, c.context);
+  fmt::print("{:>9} {:>12} {:>6} {:>7} {:>10} {:>12} {:>9} {:>8} {:>12}  {}\n", "KV frac",
+             "KV MiB/seq", "batch", "mem max", "step ms", "tokens/s", "vs full", "bound",
+             "limited by", "");
+  for (size_t i = 0; i < r.points.size(); ++i) {
+    const SearchPoint& p = r.points[i];
+    std::string mark;
+    if (static_cast<int>(i) == r.chosen) mark += " <- largest budget meeting the target";
+    if (static_cast<int>(i) == r.knee) mark += " <- knee";
+    fmt::print("{:>9.4f} {:>12.2f} {:>6} {:>7} {:>10.3f} {:>12.0f} {:>9} {:>8} {:>12} {}{}\n",
+               p.kv_fraction, p.kv_bytes_per_sequence / (1024.0 * 1024.0),
+               p.feasible ? std::to_string(p.batch) : "-", p.memory_batch, p.time_s * 1e3,
+               p.tokens_per_s,
+               p.gain_over_full > 0 ? fmt::format("{:.2f}x", p.gain_over_full) : "-",
+               bound_name(p.step.bound), p.feasible ? p.limited_by : "infeasible", mark, "");
+  }
+  fmt::print("\n");
+  if (r.chosen < 0) {
+    fmt::print("no KV budget meets the target on {}\n", hw.name);
+    return 0;
+  }
+  const SearchPoint& chosen = r.points[r.chosen];
+  fmt::print(
+      "meets the target  KV fraction {:.4f} at batch {}: {:.3f} ms per step, {:.0f} tokens/s",
+      chosen.kv_fraction, chosen.batch, chosen.time_s * 1e3, chosen.tokens_per_s);
+  if (r.points.front().feasible) {
+    fmt::print(" ({:.2f}x full KV)\n", chosen.gain_over_full);
+  } else {
+    fmt::print(" (full KV cannot meet it)\n");
+  }
+  if (r.knee >= 0) {
+    const SearchPoint& knee = r.points[r.knee];
+    fmt::print(
+        "knee              KV fraction {:.4f} at batch {}: {:.0f} tokens/s{}; smaller budgets "
+        "gain less than {:.0f}% more, the step being dominated by {}\n",
+        knee.kv_fraction, knee.batch, knee.tokens_per_s,
+        knee.gain_over_full > 0 ? fmt::format(" ({:.2f}x full KV)", knee.gain_over_full) : "",
+        100 * a.knee_threshold, r.knee_dominated_by);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_roofline(CLI::App& app, Action& action) {
+  auto* cmd = app.add_subcommand(
+      "roofline", "Predict per-operator time, bytes and memory of a prefill or decode step");
+  auto args = std::make_shared<PredictArgs>();
+  add_common(cmd, args->common);
+  cmd->add_option("--batch", args->batch, "Sequences in the batch")->capture_default_str();
+  cmd->add_option("--phase", args->phase, "decode or prefill")->capture_default_str();
+  cmd->add_option("--plan", args->plan, "BudgetPlan JSON: the KV each (layer, KV head) keeps");
+  cmd->add_option("--svg", args->svg, "Write a roofline chart with each operator as a point");
+  cmd->add_option("--measured", args->measured,
+                  "Measured per-operator times JSON (schema in docs/ROOFLINE.md): print the "
+                  "prediction error");
+  cmd->add_flag("--per-layer", args->per_layer, "One table row per layer and operator");
+  cmd->add_flag("--list-hw", args->list_hw, "List the hardware files in the data directory");
+  cmd->require_subcommand(0, 1);
+
+  auto* search = cmd->add_subcommand(
+      "search", "Find the KV budget and batch that meet a latency, throughput or memory target");
+  auto sargs = std::make_shared<SearchArgs>();
+  add_common(search, sargs->common);
+  search->add_option("--max-time-per-token", sargs->max_time_per_token,
+                     "Target: seconds per decode step at most");
+  search->add_option("--min-throughput", sargs->min_throughput,
+                     "Target: generated tokens per second at least");
+  search->add_option("--memory-cap-gib", sargs->memory_cap_gib, "Target: memory at most (GiB)");
+  search
+      ->add_option("--fractions", sargs->fractions,
+                   "KV fractions of the context to try (default 1, 2^-0.5, ..., 1/64)")
+      ->delimiter(',');
+  search->add_option("--batch-limit", sargs->batch_limit, "The largest batch the engine runs")
+      ->capture_default_str();
+  search
+      ->add_option("--knee-threshold", sargs->knee_threshold,
+                   "A smaller budget must gain more than this fraction to pay")
+      ->capture_default_str();
+
+  cmd->callback([&action, search, args, sargs] {
+    if (search->parsed()) {
+      action = [sargs] { return run_search(*sargs); };
+    } else {
+      action = [args] { return run_predict(*args); };
+    }
+  });
+}
+
+}  // namespace ekva::cli
