@@ -1,6 +1,6 @@
 #include "tokenizer/bpe_model.h"
 
-#include <queue>
+#include <algorithm>
 
 #include "core/error.h"
 #include "tokenizer/json_fields.h"
@@ -71,12 +71,16 @@ BpeModel::BpeModel(const nlohmann::json& spec, const std::string& where) {
   for (int b = 0; b < 256; ++b) {
     byte_ids_[b] = token_to_id(fmt::format("<0x{:02X}>", b)).value_or(-1);
   }
-  for (int c = 0; c < 128; ++c) {
-    ascii_ids_[c] = token_to_id(std::string(1, static_cast<char>(c))).value_or(-1);
+  char_ids_.assign(0x10000, -1);
+  for (const auto& [token, id] : vocab_) {
+    size_t pos = 0;
+    if (token.empty()) continue;
+    const char32_t c = next_code_point(token, pos);
+    if (pos == token.size() && c < 0x10000) char_ids_[c] = id;
   }
 
   const auto& merges = required_array(spec, "merges", where);
-  merges_.reserve(merges.size() * 2);
+  merges_.reserve(merges.size());
   for (size_t rank = 0; rank < merges.size(); ++rank) {
     const auto& m = merges[rank];
     std::string left, right;
@@ -112,7 +116,8 @@ BpeModel::BpeModel(const nlohmann::json& spec, const std::string& where) {
            where, rank, merged);
     }
     // A repeated pair keeps its last rank, as Hugging Face's map construction does.
-    merges_[pair_key(*left_id, *right_id)] = Merge{static_cast<int32_t>(rank), *merged_id};
+    merges_.insert_or_assign(pair_key(*left_id, *right_id),
+                             Merge{static_cast<int32_t>(rank), *merged_id});
   }
 
   cut_at_word_marker_ = !ignore_merges_ && continuing_subword_prefix_.empty() &&
@@ -184,8 +189,13 @@ void BpeModel::initial_symbols(std::string_view word, std::vector<int32_t>& ids)
     pos += utf8_length(lead);
     std::optional<int32_t> id;
     if (plain) {
-      id = lead < 0x80 && ascii_ids_[lead] >= 0 ? std::optional<int32_t>(ascii_ids_[lead])
-                                                : token_to_id(word.substr(start, pos - start));
+      size_t at = start;
+      const char32_t c = next_code_point(word, at);
+      if (c < 0x10000) {
+        if (char_ids_[c] >= 0) id = char_ids_[c];
+      } else {
+        id = token_to_id(word.substr(start, pos - start));
+      }
     } else {
       affixed.clear();
       if (start > 0) affixed += continuing_subword_prefix_;
@@ -221,8 +231,26 @@ void BpeModel::initial_symbols(std::string_view word, std::vector<int32_t>& ids)
 }
 
 const BpeModel::Merge* BpeModel::find_merge(int32_t left, int32_t right) const {
-  const auto it = merges_.find(pair_key(left, right));
-  return it == merges_.end() ? nullptr : &it->second;
+  return merges_.find(pair_key(left, right));
+}
+
+void BpeModel::MergeTable::reserve(size_t count) {
+  size_t capacity = 16;
+  shift_ = 60;
+  while (capacity < 2 * count) {
+    capacity *= 2;
+    --shift_;
+  }
+  keys_.assign(capacity, kEmpty);
+  merges_.assign(capacity, Merge{});
+  mask_ = capacity - 1;
+}
+
+void BpeModel::MergeTable::insert_or_assign(uint64_t key, Merge merge) {
+  size_t slot = index(key);
+  while (keys_[slot] != kEmpty && keys_[slot] != key) slot = (slot + 1) & mask_;
+  keys_[slot] = key;
+  merges_[slot] = merge;
 }
 
 void BpeModel::apply_merges(std::vector<int32_t>& ids) const {
@@ -233,9 +261,6 @@ void BpeModel::apply_merges(std::vector<int32_t>& ids) const {
     int prev, next;
     bool alive;
   };
-  std::vector<Symbol> symbols(n);
-  for (int i = 0; i < n; ++i) symbols[i] = {ids[i], i - 1, i + 1 < n ? i + 1 : -1, true};
-
   // Lowest rank first, then leftmost: the order in which Hugging Face applies merges.
   struct Candidate {
     int32_t rank;
@@ -245,13 +270,25 @@ void BpeModel::apply_merges(std::vector<int32_t>& ids) const {
       return rank != o.rank ? rank > o.rank : pos > o.pos;
     }
   };
-  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> queue;
+  // Scratch reused across words: most words are short, and allocating per word cost more than
+  // merging them.
+  thread_local std::vector<Symbol> symbols;
+  thread_local std::vector<Candidate> heap;
+  symbols.resize(n);
+  heap.clear();
+  const auto push = [&](Candidate c) {
+    heap.push_back(c);
+    std::push_heap(heap.begin(), heap.end(), std::greater<>());
+  };
+  for (int i = 0; i < n; ++i) symbols[i] = {ids[i], i - 1, i + 1 < n ? i + 1 : -1, true};
   for (int i = 0; i + 1 < n; ++i) {
-    if (const Merge* m = find_merge(ids[i], ids[i + 1])) queue.push({m->rank, i, m->result});
+    if (const Merge* m = find_merge(ids[i], ids[i + 1])) heap.push_back({m->rank, i, m->result});
   }
-  while (!queue.empty()) {
-    const Candidate top = queue.top();
-    queue.pop();
+  std::make_heap(heap.begin(), heap.end(), std::greater<>());
+  while (!heap.empty()) {
+    std::pop_heap(heap.begin(), heap.end(), std::greater<>());
+    const Candidate top = heap.back();
+    heap.pop_back();
     Symbol& left = symbols[top.pos];
     if (!left.alive || left.next < 0) continue;
     Symbol& right = symbols[left.next];
@@ -264,12 +301,12 @@ void BpeModel::apply_merges(std::vector<int32_t>& ids) const {
     if (left.next >= 0) symbols[left.next].prev = top.pos;
     if (left.prev >= 0) {
       if (const Merge* m = find_merge(symbols[left.prev].id, left.id)) {
-        queue.push({m->rank, left.prev, m->result});
+        push({m->rank, left.prev, m->result});
       }
     }
     if (left.next >= 0) {
       if (const Merge* m = find_merge(left.id, symbols[left.next].id)) {
-        queue.push({m->rank, top.pos, m->result});
+        push({m->rank, top.pos, m->result});
       }
     }
   }

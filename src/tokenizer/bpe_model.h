@@ -38,6 +38,28 @@ class BpeModel {
     int32_t result;
   };
 
+  // Open-addressing map from a (left, right) id pair to its merge: merges are looked up a few
+  // times per input byte, and a node-based map's cache misses dominated encoding.
+  class MergeTable {
+   public:
+    void reserve(size_t count);
+    void insert_or_assign(uint64_t key, Merge merge);
+    const Merge* find(uint64_t key) const {
+      for (size_t slot = index(key);; slot = (slot + 1) & mask_) {
+        if (keys_[slot] == key) return &merges_[slot];
+        if (keys_[slot] == kEmpty) return nullptr;
+      }
+    }
+
+   private:
+    static constexpr uint64_t kEmpty = ~0ull;
+    size_t index(uint64_t key) const { return (key * 0x9E3779B97F4A7C15ull) >> shift_; }
+    std::vector<uint64_t> keys_;
+    std::vector<Merge> merges_;
+    size_t mask_ = 0;
+    int shift_ = 64;
+  };
+
   void encode_uncached(std::string_view word, std::vector<int32_t>& ids) const;
   // The initial symbols of a word: one per character, or its bytes' fallback tokens, or unk.
   void initial_symbols(std::string_view word, std::vector<int32_t>& ids) const;
@@ -47,15 +69,16 @@ class BpeModel {
   StringMap<int32_t> vocab_;
   std::vector<std::string> tokens_;  // by id; empty where no token has the id
   std::vector<bool> has_token_;
-  std::unordered_map<uint64_t, Merge> merges_;
+  MergeTable merges_;
   std::optional<int32_t> unk_id_;
   bool fuse_unk_ = false;
   bool byte_fallback_ = false;
   bool ignore_merges_ = false;
   std::string continuing_subword_prefix_;
   std::string end_of_word_suffix_;
-  int32_t byte_ids_[256];   // <0xHH> tokens for byte fallback; -1 where absent
-  int32_t ascii_ids_[128];  // single-character ASCII tokens; -1 where absent
+  int32_t byte_ids_[256];  // <0xHH> tokens for byte fallback; -1 where absent
+  // Ids of single-character tokens by code point in the Basic Multilingual Plane; -1 where absent.
+  std::vector<int32_t> char_ids_;
   // Whether words may be cut before each "▁" that follows other text: true when no token holds
   // "▁" after other text, so no merge can cross such a point (SentencePiece-style vocabularies).
   bool cut_at_word_marker_ = false;
