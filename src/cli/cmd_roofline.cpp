@@ -496,6 +496,11 @@ int run_search(const SearchArgs& a) {
         knee.kv_fraction, knee.batch, knee.tokens_per_s,
         knee.gain_over_full > 0 ? fmt::format(" ({:.2f}x full KV)", knee.gain_over_full) : "",
         100 * a.knee_threshold, r.knee_dominated_by);
+  } else {
+    fmt::print(
+        "knee              none down to KV fraction {:.4f}: smaller budgets still gain more than "
+        "{:.0f}%\n",
+        r.points.back().kv_fraction, 100 * a.knee_threshold);
   }
   return 0;
 }
@@ -529,7 +534,7 @@ void add_roofline(CLI::App& app, Action& action) {
   search->add_option("--memory-cap-gib", sargs->memory_cap_gib, "Target: memory at most (GiB)");
   search
       ->add_option("--fractions", sargs->fractions,
-                   "KV fractions of the context to try (default 1, 2^-0.5, ..., 1/64)")
+                   "KV fractions of the context to try (default 1, 2^-0.5, ..., 1/256)")
       ->delimiter(',');
   search->add_option("--batch-limit", sargs->batch_limit, "The largest batch the engine runs")
       ->capture_default_str();

@@ -37,7 +37,7 @@ int64_t first_true(int64_t hi, const std::function<bool(int64_t)>& pred) {
 
 std::vector<double> default_fractions() {
   std::vector<double> f;
-  for (int i = 0; i <= 12; ++i) f.push_back(std::pow(2.0, -0.5 * i));
+  for (int i = 0; i <= 16; ++i) f.push_back(std::pow(2.0, -0.5 * i));
   return f;
 }
 
@@ -130,6 +130,10 @@ SearchResult search_kv_budget(const ModelSpec& spec, const HardwareSpec& hw, con
     if (result.chosen < 0) result.chosen = static_cast<int>(i);
     best = std::max(best, p.objective);
   }
+  int last_feasible = -1;
+  for (size_t i = 0; i < result.points.size(); ++i) {
+    if (result.points[i].feasible) last_feasible = static_cast<int>(i);
+  }
   for (size_t i = 0; i < result.points.size() && best > 0; ++i) {
     const SearchPoint& p = result.points[i];
     if (p.feasible && best <= p.objective * (1 + options.knee_threshold)) {
@@ -137,6 +141,9 @@ SearchResult search_kv_budget(const ModelSpec& spec, const HardwareSpec& hw, con
       break;
     }
   }
+  // A knee needs a smaller budget that shows the gains have stopped; at the grid's end they may
+  // not have.
+  if (result.knee == last_feasible) result.knee = -1;
   if (result.knee >= 0) {
     const StepCost& s = result.points[result.knee].step;
     const std::pair<double, const char*> shares[] = {{s.weight_time_s, "weights"},

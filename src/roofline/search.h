@@ -21,7 +21,7 @@ struct SearchTarget {
 };
 
 struct SearchOptions {
-  std::vector<double> fractions;  // KV fractions of the context to try; empty: 1, 2^-0.5, ... 1/64
+  std::vector<double> fractions;  // KV fractions of the context to try; empty: 1, 2^-0.5, ... 1/256
   int64_t batch_limit = 4096;     // the engine's largest batch
   double knee_threshold = 0.05;   // a smaller budget must gain more than this to pay
   MemoryOptions memory;

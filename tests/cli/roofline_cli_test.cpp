@@ -1,0 +1,121 @@
+// `ekva roofline` end to end: the JSON interface, the plan, measured and chart options, errors.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "io/model_config.h"
+#include "kv/budget_plan.h"
+
+namespace ekva {
+namespace {
+
+struct Result {
+  int code;
+  std::string out;
+};
+
+Result ekva_run(const std::string& args) {
+  const std::string cmd = std::string(EKVA_BINARY) + " " + args + " 2>&1";
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf{};
+  while (size_t n = std::fread(buf.data(), 1, buf.size(), pipe)) out.append(buf.data(), n);
+  const int status = ::pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+const std::string kMixtral = std::string(EKVA_FIXTURES) + "/configs/mixtral-8x7b";
+
+class RooflineCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() / "ekva_roofline_cli_test";
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::filesystem::path dir_;
+};
+
+TEST_F(RooflineCli, JsonHasTheDocumentedFields) {
+  const Result r = ekva_run("roofline --model " + kMixtral +
+                            "/config.json --hw h200 --batch 16 --context 4096 --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["kv_bytes_per_token"].get<double>(), 131072);
+  EXPECT_EQ(j["active_params_per_token"].get<int64_t>(), 12879925248);
+  EXPECT_NEAR(j["experts_touched_per_layer"].get<double>(), 7.91982, 1e-5);
+  EXPECT_EQ(j["bound"], "memory");
+  EXPECT_GT(j["flops"].get<double>(), 0);
+  EXPECT_GT(j["bytes"].get<double>(), 0);
+  EXPECT_TRUE(j["memory"]["fits"].get<bool>());
+  EXPECT_GT(j["memory"]["max_batch"].get<int64_t>(), 16);
+  ASSERT_EQ(j["operators"].size(), 32u * 9 + 3);
+  double time = 0;
+  for (const auto& op : j["operators"]) time += op["time_s"].get<double>();
+  EXPECT_NEAR(time, j["time_s"].get<double>(), 1e-9 * time);
+}
+
+TEST_F(RooflineCli, PlanPrefillSvgAndMeasured) {
+  const ModelSpec spec = load_model_config(kMixtral);
+  const auto plan = dir_ / "plan.json";
+  BudgetPlan::uniform(spec, 8, BudgetPlan::Unit::kFraction, 0.25).save(plan);
+  const std::string base = "roofline --model " + kMixtral + " --hw h200 --batch 4 --context 4000";
+  const auto full = nlohmann::json::parse(ekva_run(base + " --json").out);
+  const Result r = ekva_run(base + " --json --plan " + plan.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto planned = nlohmann::json::parse(r.out);
+  EXPECT_NEAR(planned["kv_bytes_per_sequence"].get<double>(),
+              full["kv_bytes_per_sequence"].get<double>() / 4, 1.0);
+  EXPECT_LT(planned["time_s"].get<double>(), full["time_s"].get<double>());
+
+  const auto prefill = nlohmann::json::parse(ekva_run(base + " --phase prefill --json").out);
+  EXPECT_EQ(prefill["bound"], "compute");
+
+  const auto svg = dir_ / "chart.svg";
+  const auto measured = dir_ / "measured.json";
+  std::ofstream(measured) << R"({"hardware": "h200", "measurements": [
+      {"operator": "attention", "batch": 16, "context": 4096, "time_s": 5e-5}]})";
+  const Result m = ekva_run(base + " --svg " + svg.string() + " --measured " + measured.string());
+  ASSERT_EQ(m.code, 0) << m.out;
+  EXPECT_NE(m.out.find("mean absolute error"), std::string::npos) << m.out;
+  std::ifstream in(svg);
+  std::string head(4, ' ');
+  in.read(head.data(), 4);
+  EXPECT_EQ(head, "<svg");
+}
+
+TEST_F(RooflineCli, SearchReportsTheBudgetAndBatch) {
+  const Result r = ekva_run("roofline search --model " + kMixtral +
+                            " --hw h200 --context 32768 --memory-cap-gib 141 --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_FALSE(j["chosen"].is_null());
+  EXPECT_EQ(j["chosen"]["kv_fraction"].get<double>(), 1.0);
+  EXPECT_GT(j["points"].back()["batch"].get<int64_t>(), j["chosen"]["batch"].get<int64_t>());
+}
+
+TEST_F(RooflineCli, BadInputsFailWithAMessage) {
+  Result r = ekva_run("roofline --model " + kMixtral + " --hw no-such-gpu --context 10");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("hardware 'no-such-gpu'"), std::string::npos) << r.out;
+  const auto bad = dir_ / "bad.json";
+  std::ofstream(bad) << R"({"name": "x", "kind": "gpu", "memory_gib": 0,
+                           "memory_bandwidth_gbps": 1, "peak_tflops": {"fp32": 1}})";
+  r = ekva_run("roofline --model " + kMixtral + " --hw-file " + bad.string() + " --context 10");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("'memory_gib' must be a positive number"), std::string::npos) << r.out;
+  r = ekva_run("roofline --model " + kMixtral + " --hw h200 --context 10 --kv-dtype fp6");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("--kv-dtype"), std::string::npos) << r.out;
+  r = ekva_run("roofline search --model " + kMixtral + " --hw h200 --context 100");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("exactly one target"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace ekva
