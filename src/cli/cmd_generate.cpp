@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "cli/policy_args.h"
 #include "core/error.h"
 #include "model/generate.h"
 #include "tokenizer/tokenizer.h"
@@ -21,6 +22,7 @@ struct GenerateArgs {
   float top_p = 1.0f;
   uint64_t seed = 0;
   bool json = false;
+  PolicyArgs kv;
 };
 
 std::vector<int32_t> parse_ids(const std::string& text) {
@@ -65,7 +67,8 @@ int run_generate(const GenerateArgs& a) {
   GenerateOptions options;
   options.max_new_tokens = a.max_new_tokens;
   options.sampling = SamplingOptions{a.temperature, a.top_k, a.top_p, a.seed};
-  const GenerateResult r = generate(*model, cache, prompt, options);
+  KvPolicy policy(make_policy_options(a.kv, s), s);
+  const GenerateResult r = generate(*model, cache, prompt, options, &policy);
   const double prefill_tps = r.prefill_seconds > 0 ? r.prefill_tokens / r.prefill_seconds : 0.0;
   const double decode_tps = r.decode_seconds > 0 ? r.decode_steps / r.decode_seconds : 0.0;
   if (a.json) {
@@ -76,7 +79,14 @@ int run_generate(const GenerateArgs& a) {
                           {"generated_tokens", r.tokens.size()},
                           {"prefill_tokens_per_s", prefill_tps},
                           {"decode_tokens_per_s", decode_tps},
-                          {"kv_bytes", r.kv_bytes}}}};
+                          {"kv_bytes", r.kv_bytes}}},
+                        {"kv",
+                         {{"policy", a.kv.policy},
+                          {"budget", a.kv.kv_budget},
+                          {"bytes_in_use", r.kv_bytes},
+                          {"bytes_full", r.kv_bytes_full},
+                          {"retained_tokens", r.retained_tokens},
+                          {"total_tokens", r.total_tokens}}}};
     if (tokenizer) {
       // Ids past the tokenizer's vocabulary (padding rows of the embedding) have no text.
       std::vector<int32_t> known;
@@ -114,7 +124,8 @@ void add_generate(CLI::App& app, Action& action) {
       ->capture_default_str();
   cmd->add_option("--top-p", a->top_p, "Nucleus sampling mass")->capture_default_str();
   cmd->add_option("--seed", a->seed, "Random seed for sampling")->capture_default_str();
-  cmd->add_flag("--json", a->json, "Print one JSON object with tokens and stats");
+  cmd->add_flag("--json", a->json, "Print one JSON object with tokens, stats and KV use");
+  add_policy_options(cmd, a->kv);
   cmd->callback([&action, a, ids, prompt] {
     if (ids->count() == 0 && prompt->count() == 0) throw CLI::RequiredError("--ids or --prompt");
     action = [a] { return run_generate(*a); };

@@ -47,8 +47,10 @@ class KvPool {
 
 struct TokenMeta {
   int32_t position = 0;  // original position in the sequence
-  int32_t expert = -1;   // primary routed expert at this layer; -1 until the router has run
-  float score = 0.0f;    // the retention score a policy ranks by
+  int16_t expert = -1;   // primary routed expert at this layer; -1 until the router has run
+  int16_t second = -1;   // second routed expert (top-2 and wider routers), -1 if none
+  float gate = 0.0f;     // the primary expert's gate weight
+  float score = 0.0f;    // the retention score a policy ranks by (accumulated attention)
 };
 
 // One (sequence, layer, KV head): slot i lives at page pages[i / page_size], row i % page_size.

@@ -9,8 +9,10 @@
 namespace ekva {
 
 void validate_batch(const ModelSpec& spec, const KvCache& cache, const ForwardBatch& batch) {
-  if (batch.seq.size() != batch.tokens.size() || batch.pos.size() != batch.tokens.size()) {
-    fail(ErrorKind::kInvalidArgument, "forward batch: tokens, seq and pos differ in length");
+  if (batch.seq.size() != batch.tokens.size() || batch.pos.size() != batch.tokens.size() ||
+      (!batch.score_query.empty() && batch.score_query.size() != batch.tokens.size())) {
+    fail(ErrorKind::kInvalidArgument,
+         "forward batch: tokens, seq, pos and score_query differ in length");
   }
   for (int i = 0; i < batch.size(); ++i) {
     if (batch.tokens[i] < 0 || batch.tokens[i] >= spec.vocab_size) {
@@ -63,16 +65,19 @@ void Forward::attention_block(int layer, const ForwardBatch& batch, const float*
   }
   rope_.apply(q.data(), n, s.num_heads, batch.pos.data());
   rope_.apply(k.data(), n, s.num_kv_heads, batch.pos.data());
+  slots_.resize(static_cast<size_t>(n) * s.num_kv_heads);
   for (int t = 0; t < n; ++t) {
     for (int h = 0; h < s.num_kv_heads; ++h) {
       const size_t off = static_cast<size_t>(t) * s.kv_dim() + static_cast<size_t>(h) * d;
-      cache_.append(batch.seq[t], layer, h, k.data() + off, v.data() + off,
-                    TokenMeta{batch.pos[t], -1, 0.0f});
+      TokenMeta meta;
+      meta.position = batch.pos[t];
+      slots_[static_cast<size_t>(t) * s.num_kv_heads + h] =
+          cache_.append(batch.seq[t], layer, h, k.data() + off, v.data() + off, meta);
     }
   }
   std::vector<float> attn(static_cast<size_t>(n) * s.q_dim());
   cpu::attention(cache_, layer, q.data(), batch.seq.data(), batch.pos.data(), n, s.num_heads,
-                 attn.data());
+                 attn.data(), batch.score_query.empty() ? nullptr : batch.score_query.data());
   cpu::linear(L.o, attn.data(), n, out, bias(L.o_bias));
 }
 
@@ -102,9 +107,10 @@ void mlp_accumulate(const Mlp& m, const float* x, int hidden, const std::vector<
 
 }  // namespace
 
-void Forward::moe_block(int layer, int moe_index, const float* x, int n, float* out,
-                        ForwardObserver* observer) {
+void Forward::moe_block(int layer, int moe_index, const ForwardBatch& batch, const float* x,
+                        float* out, ForwardObserver* observer) {
   const ModelSpec& s = model_.spec();
+  const int n = batch.size();
   const LayerWeights& L = model_.layer(layer);
   const int hidden = s.hidden_size;
   std::fill(out, out + static_cast<size_t>(n) * hidden, 0.0f);
@@ -140,6 +146,14 @@ void Forward::moe_block(int layer, int moe_index, const float* x, int n, float* 
       rows[e].push_back(t);
       gates[e].push_back(s.norm_topk_prob ? prob[e] / top_sum : prob[e]);
     }
+    // The token's KV entries at this layer learn its routing now that the router has run.
+    for (int h = 0; h < s.num_kv_heads; ++h) {
+      TokenMeta& meta = cache_.table(batch.seq[t], layer, h)
+                            .meta[slots_[static_cast<size_t>(t) * s.num_kv_heads + h]];
+      meta.expert = static_cast<int16_t>(order[0]);
+      meta.second = s.top_k > 1 ? static_cast<int16_t>(order[1]) : int16_t{-1};
+      meta.gate = gates[order[0]].back();
+    }
   }
   for (int e = 0; e < E; ++e) {
     if (!rows[e].empty()) mlp_accumulate(L.experts[e], x, hidden, rows[e], gates[e], out);
@@ -170,7 +184,7 @@ std::vector<float> Forward::run(const ForwardBatch& batch, ForwardObserver* obse
     attention_block(l, batch, normed.data(), delta.data());
     for (size_t i = 0; i < x.size(); ++i) x[i] += delta[i];
     cpu::rms_norm(x.data(), normed.data(), n, hidden, L.mlp_norm.data(), s.rms_eps);
-    moe_block(l, moe_index, normed.data(), n, delta.data(), observer);
+    moe_block(l, moe_index, batch, normed.data(), delta.data(), observer);
     if (s.layer_is_moe[l]) ++moe_index;
     for (size_t i = 0; i < x.size(); ++i) x[i] += delta[i];
   }

@@ -16,6 +16,8 @@ struct ForwardBatch {
   std::vector<int32_t> pos;
   // Tokens whose logits are wanted, as indices into `tokens`; empty: all.
   std::vector<int32_t> logit_rows;
+  // Per token: 1 when its attention should add to the retained slots' scores; empty: none.
+  std::vector<uint8_t> score_query;
 
   void add(int32_t token, int32_t sequence, int32_t position) {
     tokens.push_back(token);
@@ -43,12 +45,14 @@ class Forward {
 
  private:
   void attention_block(int layer, const ForwardBatch& batch, const float* x, float* out);
-  void moe_block(int layer, int moe_index, const float* x, int n, float* out,
+  void moe_block(int layer, int moe_index, const ForwardBatch& batch, const float* x, float* out,
                  ForwardObserver* observer);
 
   const Model& model_;
   KvCache& cache_;
   cpu::Rope rope_;
+  // The slot each token's K/V took in each KV head at the current layer: [token][kv head].
+  std::vector<int32_t> slots_;
 };
 
 // Checks token ids against the vocabulary and positions against the context; throws

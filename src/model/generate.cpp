@@ -51,7 +51,7 @@ int32_t Sampler::sample(const float* logits, int vocab) {
 }
 
 GenerateResult generate(const Model& model, KvCache& cache, const std::vector<int32_t>& prompt,
-                        const GenerateOptions& options, const CacheHook& after_step) {
+                        const GenerateOptions& options, KvPolicy* policy) {
   const ModelSpec& s = model.spec();
   if (prompt.empty()) fail(ErrorKind::kInvalidArgument, "the prompt is empty");
   if (options.max_new_tokens < 0) fail(ErrorKind::kInvalidArgument, "max-new-tokens must be >= 0");
@@ -70,11 +70,12 @@ GenerateResult generate(const Model& model, KvCache& cache, const std::vector<in
   ForwardBatch batch;
   for (size_t i = 0; i < prompt.size(); ++i) batch.add(prompt[i], 0, static_cast<int32_t>(i));
   batch.logit_rows = {batch.size() - 1};
+  if (policy != nullptr) batch.score_query = policy->prefill_score_queries(batch.size());
   auto t0 = Clock::now();
   std::vector<float> logits = forward.run(batch);
   r.prefill_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   r.prefill_tokens = batch.size();
-  if (after_step) after_step(cache);
+  if (policy != nullptr) policy->compress(cache, 0, batch.size());
 
   t0 = Clock::now();
   // Stop at the context end rather than fail: the prompt fitted, so what was generated is valid.
@@ -91,13 +92,24 @@ GenerateResult generate(const Model& model, KvCache& cache, const std::vector<in
     if (i + 1 == budget) break;
     ForwardBatch step;
     step.add(next, 0, cache.next_position(0));
+    if (policy != nullptr) step.score_query = {static_cast<uint8_t>(policy->scores_decode())};
     logits = forward.run(step);
     ++r.decode_steps;
-    if (after_step) after_step(cache);
+    if (policy != nullptr) policy->evict(cache, 0);
   }
   r.decode_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   r.kv_bytes = cache.kv_bytes_in_use();
+  r.retained_tokens = cache.retained_tokens();
+  r.total_tokens =
+      static_cast<size_t>(cache.next_position(0)) * cache.num_layers() * cache.num_kv_heads();
+  r.kv_bytes_full = full_cache_bytes(cache, cache.next_position(0));
   return r;
+}
+
+size_t full_cache_bytes(const KvCache& cache, int64_t tokens) {
+  const size_t pages_per_table =
+      static_cast<size_t>((tokens + cache.page_size() - 1) / cache.page_size());
+  return pages_per_table * cache.num_layers() * cache.num_kv_heads() * cache.pool().page_bytes();
 }
 
 }  // namespace ekva

@@ -1,11 +1,11 @@
 #pragma once
 // Token sampling and the prefill-then-decode generation loop.
 #include <cstdint>
-#include <functional>
 #include <random>
 #include <vector>
 
 #include "kv/kv_cache.h"
+#include "kv/policy.h"
 #include "model/model.h"
 
 namespace ekva {
@@ -40,14 +40,18 @@ struct GenerateResult {
   double decode_seconds = 0.0;
   int prefill_tokens = 0;
   int decode_steps = 0;
-  size_t kv_bytes = 0;  // K/V pages in use at the end
+  size_t kv_bytes = 0;         // K/V pages in use at the end
+  size_t kv_bytes_full = 0;    // what a full cache would hold for the same tokens
+  size_t retained_tokens = 0;  // summed over (layer, KV head) tables
+  size_t total_tokens = 0;     // the same for a full cache
 };
 
-// Called after prefill and before each decode step; policies compress or evict here.
-using CacheHook = std::function<void(KvCache&)>;
-
-// Generates for one sequence (sequence 0 of `cache`, which must be empty).
+// Generates for one sequence (sequence 0 of `cache`, which must be empty). The policy compresses
+// the cache after prefill and evicts after each decode step; none keeps everything.
 GenerateResult generate(const Model& model, KvCache& cache, const std::vector<int32_t>& prompt,
-                        const GenerateOptions& options, const CacheHook& after_step = {});
+                        const GenerateOptions& options, KvPolicy* policy = nullptr);
+
+// Bytes a cache holding every one of `tokens` tokens would use, with the same page layout.
+size_t full_cache_bytes(const KvCache& cache, int64_t tokens);
 
 }  // namespace ekva

@@ -7,50 +7,67 @@
 
 namespace ekva::cpu {
 
-void attention(const KvCache& cache, int layer, const float* q, const int32_t* seq,
-               const int32_t* pos, int n, int num_heads, float* out) {
+// One work item per (sequence, KV head): its K/V pages are read by all of the group's query heads
+// while cached, and score updates to its slots need no synchronisation.
+void attention(KvCache& cache, int layer, const float* q, const int32_t* seq, const int32_t* pos, int n,
+               int num_heads, float* out, const uint8_t* score_query) {
   const int d = cache.head_dim();
-  const int group = num_heads / cache.num_kv_heads();
+  const int kv_heads = cache.num_kv_heads();
+  const int group = num_heads / kv_heads;
   const int page = cache.page_size();
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  std::vector<std::vector<int>> tokens_of(cache.num_sequences());
+  for (int t = 0; t < n; ++t) tokens_of[seq[t]].push_back(t);
+  std::vector<std::pair<int, int>> work;
+  for (int s = 0; s < cache.num_sequences(); ++s) {
+    if (tokens_of[s].empty()) continue;
+    for (int h = 0; h < kv_heads; ++h) work.emplace_back(s, h);
+  }
+  constexpr float kMasked = -std::numeric_limits<float>::infinity();
 #pragma omp parallel
   {
-    std::vector<float> scores;
-    std::vector<float> acc(d);
-#pragma omp for schedule(dynamic, 4)
-    for (int64_t work = 0; work < static_cast<int64_t>(n) * num_heads; ++work) {
-      const int t = static_cast<int>(work / num_heads);
-      const int h = static_cast<int>(work % num_heads);
-      const HeadTable& table = cache.table(seq[t], layer, h / group);
-      const float* qv = q + (static_cast<size_t>(t) * num_heads + h) * d;
+    std::vector<float> scores, acc(d);
+#pragma omp for schedule(dynamic, 1)
+    for (size_t w = 0; w < work.size(); ++w) {
+      const auto [s, kv] = work[w];
+      HeadTable& table = cache.table(s, layer, kv);
+      const KvPool& pool = cache.pool();
       const int len = table.size();
       scores.resize(len);
-      float max_score = -std::numeric_limits<float>::infinity();
-      for (int s = 0; s < len; ++s) {
-        if (table.meta[s].position > pos[t]) {
-          scores[s] = -std::numeric_limits<float>::infinity();
-          continue;
+      for (int t : tokens_of[s]) {
+        for (int h = kv * group; h < (kv + 1) * group; ++h) {
+          const float* qv = q + (static_cast<size_t>(t) * num_heads + h) * d;
+          float max_score = kMasked;
+          for (int i = 0; i < len; ++i) {
+            if (table.meta[i].position > pos[t]) {
+              scores[i] = kMasked;
+              continue;
+            }
+            const float* k = pool.keys(table.pages[i / page]) + static_cast<size_t>(i % page) * d;
+            float dot = 0.0f;
+            for (int j = 0; j < d; ++j) dot += qv[j] * k[j];
+            scores[i] = dot * scale;
+            max_score = std::max(max_score, scores[i]);
+          }
+          float denom = 0.0f;
+          for (int i = 0; i < len; ++i) {
+            scores[i] = scores[i] == kMasked ? 0.0f : std::exp(scores[i] - max_score);
+            denom += scores[i];
+          }
+          const float inv = denom > 0.0f ? 1.0f / denom : 0.0f;
+          std::fill(acc.begin(), acc.end(), 0.0f);
+          for (int i = 0; i < len; ++i) {
+            if (scores[i] == 0.0f) continue;
+            const float p = scores[i] * inv;
+            const float* v = pool.values(table.pages[i / page]) + static_cast<size_t>(i % page) * d;
+            for (int j = 0; j < d; ++j) acc[j] += p * v[j];
+          }
+          if (score_query != nullptr && score_query[t] != 0) {
+            for (int i = 0; i < len; ++i) table.meta[i].score += scores[i] * inv;
+          }
+          std::copy(acc.begin(), acc.end(), out + (static_cast<size_t>(t) * num_heads + h) * d);
         }
-        const float* k =
-            cache.pool().keys(table.pages[s / page]) + static_cast<size_t>(s % page) * d;
-        float dot = 0.0f;
-        for (int i = 0; i < d; ++i) dot += qv[i] * k[i];
-        scores[s] = dot * scale;
-        max_score = std::max(max_score, scores[s]);
       }
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      float denom = 0.0f;
-      for (int s = 0; s < len; ++s) {
-        if (scores[s] == -std::numeric_limits<float>::infinity()) continue;
-        const float p = std::exp(scores[s] - max_score);
-        denom += p;
-        const float* v =
-            cache.pool().values(table.pages[s / page]) + static_cast<size_t>(s % page) * d;
-        for (int i = 0; i < d; ++i) acc[i] += p * v[i];
-      }
-      float* o = out + (static_cast<size_t>(t) * num_heads + h) * d;
-      const float inv = denom > 0.0f ? 1.0f / denom : 0.0f;
-      for (int i = 0; i < d; ++i) o[i] = acc[i] * inv;
     }
   }
 }

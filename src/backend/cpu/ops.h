@@ -48,8 +48,10 @@ class Rope {
 void silu_mul(const float* gate, const float* up, float* out, size_t n);
 
 // Softmax attention of each token's query heads over the retained K/V of its (sequence, layer,
-// KV head) with position <= the token's own. q and out: n rows of spec.q_dim().
-void attention(const KvCache& cache, int layer, const float* q, const int32_t* seq,
-               const int32_t* pos, int n, int num_heads, float* out);
+// KV head) with position <= the token's own. q and out: n rows of spec.q_dim(). When score_query is
+// given, the attention probabilities of the tokens it flags, summed over a KV head's query heads,
+// are added to each retained slot's TokenMeta::score (what H2O, SnapKV and EKVA rank by).
+void attention(KvCache& cache, int layer, const float* q, const int32_t* seq, const int32_t* pos,
+               int n, int num_heads, float* out, const uint8_t* score_query = nullptr);
 
 }  // namespace ekva::cpu

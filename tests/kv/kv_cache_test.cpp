@@ -1,0 +1,128 @@
+#include "kv/kv_cache.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "backend/cpu/ops.h"
+#include "core/error.h"
+
+namespace ekva {
+namespace {
+
+ModelSpec shape(int layers, int kv_heads, int head_dim) {
+  ModelSpec s;
+  s.num_layers = layers;
+  s.num_kv_heads = kv_heads;
+  s.num_heads = kv_heads;
+  s.head_dim = head_dim;
+  return s;
+}
+
+std::vector<float> row(int d, float v) {
+  return std::vector<float>(d, v);
+}
+
+TEST(KvCache, AppendEvictSwapRemovesAndReusesPages) {
+  KvCache cache(shape(1, 1, 4), 1, /*page_size=*/4);
+  for (int p = 0; p < 9; ++p) {
+    TokenMeta m;
+    m.position = p;
+    cache.append(0, 0, 0, row(4, p).data(), row(4, 100 + p).data(), m);
+  }
+  EXPECT_EQ(cache.pool().pages_in_use(), 3u);  // 9 tokens in pages of 4
+  cache.evict(0, 0, 0, 2);                     // the last slot (position 8) moves into slot 2
+  const HeadTable& t = cache.table(0, 0, 0);
+  EXPECT_EQ(t.size(), 8);
+  EXPECT_EQ(t.meta[2].position, 8);
+  EXPECT_EQ(cache.key(0, 0, 0, 2)[0], 8.0f);
+  EXPECT_EQ(cache.value(0, 0, 0, 2)[3], 108.0f);
+  EXPECT_EQ(cache.pool().pages_in_use(), 2u);  // the emptied third page went back
+  TokenMeta m;
+  m.position = 9;
+  cache.append(0, 0, 0, row(4, 9).data(), row(4, 109).data(), m);
+  EXPECT_EQ(cache.pool().pages_reserved(), 256u);  // reused from the pool, nothing new reserved
+  EXPECT_EQ(cache.kv_bytes_in_use(), 3 * cache.pool().page_bytes());
+}
+
+TEST(KvCache, BytesAreRetainedTokensPlusAtMostOnePartialPagePerTable) {
+  const ModelSpec s = shape(3, 2, 8);
+  KvCache cache(s, 2, 16);
+  std::mt19937 rng(1);
+  for (int seq = 0; seq < 2; ++seq) {
+    for (int l = 0; l < 3; ++l) {
+      for (int h = 0; h < 2; ++h) {
+        const int n = 1 + static_cast<int>(rng() % 100);
+        for (int p = 0; p < n; ++p) {
+          TokenMeta m;
+          m.position = p;
+          cache.append(seq, l, h, row(8, 1).data(), row(8, 1).data(), m);
+        }
+        for (int e = 0; e < n / 3; ++e)
+          cache.evict(seq, l, h, static_cast<int>(rng() % cache.table(seq, l, h).size()));
+      }
+    }
+  }
+  size_t pages = 0;
+  for (int seq = 0; seq < 2; ++seq)
+    for (int l = 0; l < 3; ++l)
+      for (int h = 0; h < 2; ++h) pages += (cache.table(seq, l, h).size() + 15) / 16;
+  EXPECT_EQ(cache.kv_bytes_in_use(), pages * cache.pool().page_bytes());
+  const size_t token_bytes = 2 * 8 * sizeof(float);
+  EXPECT_LE(cache.kv_bytes_in_use(), cache.retained_tokens() * token_bytes + 12 * 15 * token_bytes);
+}
+
+TEST(KvCache, EvictOutOfRangeIsAnError) {
+  KvCache cache(shape(1, 1, 4), 1, 4);
+  EXPECT_THROW(cache.evict(0, 0, 0, 0), Error);
+}
+
+// Attention over a ragged, evicted, unordered table equals dense softmax attention over the kept
+// tokens.
+TEST(KvCache, RaggedAttentionEqualsDenseAttentionOverKeptTokens) {
+  const int d = 24, kv_heads = 2, q_heads = 6, n = 77;
+  const ModelSpec s = shape(1, kv_heads, d);
+  KvCache cache(s, 1, 16);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  for (int p = 0; p < n; ++p) {
+    for (int h = 0; h < kv_heads; ++h) {
+      std::vector<float> k(d), v(d);
+      for (auto& x : k) x = normal(rng);
+      for (auto& x : v) x = normal(rng);
+      TokenMeta m;
+      m.position = p;
+      cache.append(0, 0, h, k.data(), v.data(), m);
+    }
+  }
+  for (int h = 0; h < kv_heads; ++h) {
+    for (int e = 0; e < 30; ++e)
+      cache.evict(0, 0, h, static_cast<int>(rng() % cache.table(0, 0, h).size()));
+  }
+  std::vector<float> q(q_heads * d), out(q_heads * d);
+  for (auto& x : q) x = normal(rng);
+  const int32_t seq = 0, pos = n;
+  cpu::attention(cache, 0, q.data(), &seq, &pos, 1, q_heads, out.data());
+  for (int h = 0; h < q_heads; ++h) {
+    const int kv = h / (q_heads / kv_heads);
+    const HeadTable& t = cache.table(0, 0, kv);
+    std::vector<double> w(t.size());
+    double mx = -1e30, sum = 0;
+    for (int i = 0; i < t.size(); ++i) {
+      double dot = 0;
+      for (int j = 0; j < d; ++j) dot += q[h * d + j] * cache.key(0, 0, kv, i)[j];
+      w[i] = dot / std::sqrt(d);
+      mx = std::max(mx, w[i]);
+    }
+    for (double& x : w) sum += x = std::exp(x - mx);
+    for (int j = 0; j < d; ++j) {
+      double want = 0;
+      for (int i = 0; i < t.size(); ++i) want += w[i] / sum * cache.value(0, 0, kv, i)[j];
+      EXPECT_NEAR(out[h * d + j], want, 1e-5);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ekva

@@ -1,0 +1,244 @@
+#include "kv/policy.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <set>
+
+#include "core/error.h"
+#include "model/forward.h"
+#include "model/generate.h"
+
+namespace ekva {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kMixtral = std::string(EKVA_FIXTURES) + "/hf-tiny/tiny-mixtral";
+const std::string kQwen2 = std::string(EKVA_FIXTURES) + "/hf-tiny/tiny-qwen2_moe";
+
+std::vector<int32_t> prompt_of(int n) {
+  std::vector<int32_t> p(n);
+  for (int i = 0; i < n; ++i) p[i] = 3 + (i * 37) % 200;
+  return p;
+}
+
+// Prefills `prompt` into sequence 0 with the policy's scoring, then compresses.
+void prefill(const Model& m, KvCache& cache, KvPolicy& policy, const std::vector<int32_t>& prompt) {
+  ForwardBatch b;
+  for (size_t i = 0; i < prompt.size(); ++i) b.add(prompt[i], 0, static_cast<int32_t>(i));
+  b.logit_rows = {b.size() - 1};
+  b.score_query = policy.prefill_score_queries(b.size());
+  Forward(m, cache).run(b);
+  policy.compress(cache, 0, b.size());
+}
+
+class EveryPolicy : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(EveryPolicy, KeepsExactlyItsBudgetAfterPrefillAndDuringDecode) {
+  const auto model = Model::load(kQwen2);
+  const ModelSpec& s = model->spec();
+  PolicyOptions o;
+  o.name = GetParam();
+  o.budget = 0.25;
+  KvPolicy policy(o, s);
+  KvCache cache(s, 1);
+  const auto prompt = prompt_of(200);
+  prefill(*model, cache, policy, prompt);
+  std::vector<std::set<int32_t>> evicted(s.num_layers * s.num_kv_heads);
+  auto check = [&](int total) {
+    int budget_sum = 0;
+    for (int l = 0; l < s.num_layers; ++l) {
+      for (int h = 0; h < s.num_kv_heads; ++h) {
+        const HeadTable& t = cache.table(0, l, h);
+        const int want =
+            GetParam() == "full" ? total : std::min(total, policy.head_budget(0, l, h));
+        EXPECT_EQ(t.size(), want) << "layer " << l << " head " << h;
+        budget_sum += t.size();
+        std::set<int32_t> kept;
+        for (const TokenMeta& mt : t.meta) kept.insert(mt.position);
+        for (int32_t p : evicted[l * s.num_kv_heads + h])
+          EXPECT_EQ(kept.count(p), 0u) << "position " << p << " came back";
+        for (int32_t p = 0; p < total; ++p) {
+          if (!kept.count(p)) evicted[l * s.num_kv_heads + h].insert(p);
+        }
+      }
+    }
+    if (GetParam() != "full") {
+      EXPECT_EQ(budget_sum, 50 * s.num_layers * s.num_kv_heads);  // mean 0.25 x 200
+    }                                                             // mean 0.25 x 200
+  };
+  check(200);
+  Forward forward(*model, cache);
+  for (int step = 0; step < 40; ++step) {
+    ForwardBatch b;
+    b.add(5 + step, 0, cache.next_position(0));
+    b.score_query = {static_cast<uint8_t>(policy.scores_decode())};
+    forward.run(b);
+    policy.evict(cache, 0);
+    check(201 + step);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Kv, EveryPolicy, ::testing::ValuesIn(KvPolicy::names()),
+                         [](const ::testing::TestParamInfo<std::string>& p) {
+                           std::string n = p.param;
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           return n;
+                         });
+
+TEST(Policy, FullReproducesTheUncompressedLogits) {
+  const auto model = Model::load(kMixtral);
+  const auto prompt = prompt_of(60);
+  GenerateOptions g;
+  g.max_new_tokens = 20;
+  g.stop_at_eos = false;
+  KvCache a(model->spec(), 1), b(model->spec(), 1);
+  KvPolicy full(PolicyOptions{}, model->spec());
+  EXPECT_EQ(generate(*model, a, prompt, g).tokens, generate(*model, b, prompt, g, &full).tokens);
+  // Scoring never changes what attention computes.
+  ForwardBatch plain, scored;
+  for (int i = 0; i < 60; ++i) plain.add(prompt[i], 0, i), scored.add(prompt[i], 0, i);
+  scored.score_query.assign(60, 1);
+  KvCache c(model->spec(), 1), d(model->spec(), 1);
+  EXPECT_EQ(Forward(*model, c).run(plain), Forward(*model, d).run(scored));
+}
+
+TEST(Policy, EkvaFillsEachGroupQuotaFromItsOwnTokens) {
+  const auto model = Model::load(kQwen2);
+  const ModelSpec& s = model->spec();
+  PolicyOptions o;
+  o.name = "ekva";
+  o.budget = 0.5;
+  o.window = 4;
+  KvPolicy policy(o, s);
+  KvCache cache(s, 1);
+  const int n = 240;
+  const auto prompt = prompt_of(n);
+  ForwardBatch b;
+  for (int i = 0; i < n; ++i) b.add(prompt[i], 0, i);
+  b.score_query = policy.prefill_score_queries(n);
+  Forward(*model, cache).run(b);
+  auto per_expert = [&](int l, int h) {
+    std::vector<int> count(s.num_experts, 0);
+    for (const TokenMeta& m : cache.table(0, l, h).meta) {
+      if (m.position < n - o.window) ++count[m.expert];
+    }
+    return count;
+  };
+  std::vector<std::vector<int>> available;
+  for (int l = 0; l < s.num_layers; ++l) {
+    for (int h = 0; h < s.num_kv_heads; ++h) available.push_back(per_expert(l, h));
+  }
+  policy.compress(cache, 0, n);
+  // Uniform quotas: (120 - 4 window) tokens over 6 experts = 19 or 20 each (largest remainder).
+  // Every group keeps its quota when it has that many tokens, all of them otherwise.
+  const std::vector<int> quota = {20, 20, 19, 19, 19, 19};
+  for (int l = 0; l < s.num_layers; ++l) {
+    for (int h = 0; h < s.num_kv_heads; ++h) {
+      const std::vector<int> kept = per_expert(l, h);
+      int total = 0;
+      for (int e = 0; e < s.num_experts; ++e) {
+        EXPECT_GE(kept[e], std::min(quota[e], available[l * s.num_kv_heads + h][e]))
+            << l << "/" << h << "/" << e;
+        EXPECT_LE(kept[e], available[l * s.num_kv_heads + h][e]);
+        total += kept[e];
+      }
+      EXPECT_EQ(total, 116);
+    }
+  }
+}
+
+TEST(Policy, RejectsUnknownNamesBadBudgetsAndForeignPlans) {
+  const auto model = Model::load(kMixtral);
+  PolicyOptions o;
+  o.name = "nope";
+  EXPECT_THROW(KvPolicy(o, model->spec()), Error);
+  o.name = "h2o";
+  o.budget = -1;
+  EXPECT_THROW(KvPolicy(o, model->spec()), Error);
+  const auto other = Model::load(kQwen2);
+  o.budget = 0.5;
+  o.name = "ekva";
+  o.plan = BudgetPlan::uniform(other->spec(), other->spec().num_experts,
+                               BudgetPlan::Unit::kFraction, 0.5);
+  EXPECT_THROW(KvPolicy(o, model->spec()), Error);
+}
+
+TEST(BudgetPlanFile, RoundTripsAndRejectsBadFiles) {
+  const auto model = Model::load(kMixtral);
+  const ModelSpec& s = model->spec();
+  BudgetPlan plan = BudgetPlan::uniform(s, 2, BudgetPlan::Unit::kTokens, 64);
+  plan.set_budget(1, 1, 0, 10);
+  plan.set_expert_group(2, 3, 0);
+  const fs::path p =
+      fs::temp_directory_path() / ("ekva_plan_" + std::to_string(::getpid()) + ".json");
+  plan.save(p);
+  const BudgetPlan back = BudgetPlan::load(p);
+  EXPECT_EQ(back.to_json(), plan.to_json());
+  EXPECT_DOUBLE_EQ(back.retained_tokens(1, 1, 1000), 42.0);
+  EXPECT_EQ(back.group_of(2, 3), 0);
+  EXPECT_NO_THROW(back.check_model(s));
+
+  auto expect_error = [&](const std::function<void(nlohmann::json&)>& edit,
+                          const std::string& needle) {
+    nlohmann::json j = plan.to_json();
+    edit(j);
+    try {
+      BudgetPlan::from_json(j, "plan.json");
+      ADD_FAILURE() << "accepted: " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_error([](auto& j) { j["budgets"][0][0][0] = -3; }, "must be >= 0");
+  expect_error([](auto& j) { j["budgets"].push_back(j["budgets"][0]); }, "3 layers");
+  expect_error([](auto& j) { j["budgets"][1].erase(0); }, "budgets[1] must list 2 KV heads");
+  expect_error([](auto& j) { j["version"] = 9; }, "version 9");
+  expect_error([](auto& j) { j["unit"] = "bytes"; }, "unit 'bytes'");
+  expect_error([](auto& j) { j["expert_groups"][0][0] = 5; }, "group 5");
+  expect_error([](auto& j) { j.erase("model"); }, "'model'");
+  fs::remove(p);
+}
+
+// A long decode with eviction holds memory flat: after warm-up, no page is ever reserved again.
+TEST(Policy, LongDecodeWithEvictionHoldsMemoryFlat) {
+  const fs::path dir = fs::temp_directory_path() / ("ekva_long_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  fs::copy_file(kMixtral + "/model.safetensors", dir / "model.safetensors",
+                fs::copy_options::overwrite_existing);
+  {
+    std::ifstream in(kMixtral + "/config.json");
+    nlohmann::json cfg = nlohmann::json::parse(in);
+    cfg["max_position_embeddings"] =
+        32768;  // RoPE is defined at any position; the fixture stops at 512
+    std::ofstream(dir / "config.json") << cfg.dump();
+  }
+  const auto model = Model::load(dir);
+  PolicyOptions o;
+  o.name = "h2o";
+  o.budget = 64;
+  KvPolicy policy(o, model->spec());
+  KvCache cache(model->spec(), 1);
+  prefill(*model, cache, policy, prompt_of(100));
+  Forward forward(*model, cache);
+  size_t reserved_after_warmup = 0, bytes_after_warmup = 0;
+  for (int step = 0; step < 20000; ++step) {
+    ForwardBatch b;
+    b.add(3 + step % 200, 0, cache.next_position(0));
+    b.score_query = {1};
+    forward.run(b);
+    policy.evict(cache, 0);
+    if (step == 100) {
+      reserved_after_warmup = cache.pool().pages_reserved();
+      bytes_after_warmup = cache.kv_bytes_in_use();
+    }
+  }
+  EXPECT_EQ(cache.pool().pages_reserved(), reserved_after_warmup);
+  EXPECT_EQ(cache.kv_bytes_in_use(), bytes_after_warmup);
+  EXPECT_EQ(cache.retained_tokens(), 64u * model->spec().num_layers * model->spec().num_kv_heads);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace ekva
