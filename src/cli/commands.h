@@ -14,5 +14,6 @@ void add_generate(CLI::App& app, Action& action);
 void add_tokenize(CLI::App& app, Action& action);
 void add_detokenize(CLI::App& app, Action& action);
 void add_roofline(CLI::App& app, Action& action);
+void add_tasks(CLI::App& app, Action& action);
 
 }  // namespace ekva::cli

@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   ekva::cli::add_tokenize(app, action);
   ekva::cli::add_detokenize(app, action);
   ekva::cli::add_roofline(app, action);
+  ekva::cli::add_tasks(app, action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
