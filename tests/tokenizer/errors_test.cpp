@@ -1,0 +1,223 @@
+// Invalid input and malformed tokenizer files give errors that say what and where.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "io/json_file.h"
+#include "tokenizer/tokenizer.h"
+
+namespace ekva {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path fixture(const std::string& name) {
+  return fs::path(EKVA_FIXTURES) / "tokenizers" / name;
+}
+
+// Runs `body`, which must throw ekva::Error of `kind` whose message contains `needle`.
+template <typename Body>
+void expect_error(Body body, ErrorKind kind, const std::string& needle) {
+  try {
+    body();
+    ADD_FAILURE() << "no error; expected one containing '" << needle << "'";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), kind) << e.what();
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    path_ = fs::temp_directory_path() /
+            ("ekva_tokenizer_test_" + std::to_string(::getpid()) + "_" + std::to_string(count_++));
+    fs::create_directories(path_);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  const fs::path& path() const { return path_; }
+
+ private:
+  static inline int count_ = 0;
+  fs::path path_;
+};
+
+// The smallest well-formed byte-level tokenizer.json: 256 single-byte tokens, no merges.
+nlohmann::json minimal_tokenizer() {
+  static const nlohmann::json vocab = [] {
+    nlohmann::json v = nlohmann::json::object();
+    const nlohmann::json reference = read_json_file(fixture("allenai_dolma2.json"));
+    for (const auto& [token, id] : reference["model"]["vocab"].items()) {
+      if (id.get<int>() < 256) v[token] = id;
+    }
+    return v;
+  }();
+  return {{"version", "1.0"},
+          {"added_tokens", nlohmann::json::array()},
+          {"normalizer", nullptr},
+          {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}}},
+          {"post_processor", nullptr},
+          {"decoder", {{"type", "ByteLevel"}}},
+          {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}}};
+}
+
+fs::path write_json(const TempDir& dir, const nlohmann::json& j) {
+  const fs::path path = dir.path() / "tokenizer.json";
+  std::ofstream(path) << j.dump();
+  return path;
+}
+
+TEST(TokenizerErrors, InvalidUtf8InputIsRejectedWithItsOffset) {
+  const auto json_tokenizer = load_tokenizer(fixture("allenai_dolma2.json"));
+  const auto sp_tokenizer = load_tokenizer(fixture("mistral-v3.tokenizer.model"));
+  const std::vector<std::pair<std::string, size_t>> bad = {
+      {"\xFF", 0},                  // never valid
+      {"abc\xE2\x82", 3},           // truncated
+      {"ok \xC0\xAF", 3},           // overlong '/'
+      {"x\xED\xA0\x80", 1},         // UTF-16 surrogate
+      {"ab\xF4\x90\x80\x80", 2},    // above U+10FFFF
+      {"caf\xC3\xA9 \x80 ok", 6}};  // stray continuation byte
+  for (const auto& [text, offset] : bad) {
+    for (const Tokenizer* t : {json_tokenizer.get(), sp_tokenizer.get()}) {
+      expect_error([&] { t->encode(text, false); }, ErrorKind::kInvalidArgument,
+                   "invalid UTF-8 at byte " + std::to_string(offset));
+    }
+  }
+}
+
+TEST(TokenizerErrors, UnknownIdsAreRejectedOnDecode) {
+  for (const char* file : {"mistral-v3.tokenizer.json", "mistral-v3.tokenizer.model"}) {
+    const auto t = load_tokenizer(fixture(file));
+    const std::vector<int32_t> ids = {1, t->vocab_size()};
+    expect_error([&] { t->decode(ids, false); }, ErrorKind::kInvalidArgument,
+                 "token id " + std::to_string(t->vocab_size()) + " at index 1");
+    const std::vector<int32_t> negative = {-1};
+    expect_error([&] { t->decode(negative, false); }, ErrorKind::kInvalidArgument, "token id -1");
+  }
+}
+
+TEST(TokenizerErrors, MissingFilesAndDirectories) {
+  TempDir dir;
+  expect_error([&] { load_tokenizer(dir.path()); }, ErrorKind::kNotFound,
+               "no tokenizer.json or tokenizer.model");
+  expect_error([&] { load_tokenizer(dir.path() / "absent.json"); }, ErrorKind::kNotFound,
+               "absent.json");
+}
+
+TEST(TokenizerErrors, NotJsonAndNotSentencePiece) {
+  TempDir dir;
+  std::ofstream(dir.path() / "tokenizer.json") << "{\"model\": ";
+  expect_error([&] { load_tokenizer(dir.path() / "tokenizer.json"); }, ErrorKind::kInvalidFile,
+               "not valid JSON");
+  std::ofstream(dir.path() / "tokenizer.model") << "not a protobuf";
+  expect_error([&] { load_tokenizer(dir.path() / "tokenizer.model"); }, ErrorKind::kInvalidFile,
+               "not a SentencePiece model");
+}
+
+TEST(TokenizerErrors, MinimalTokenizerLoads) {
+  TempDir dir;
+  const auto t = load_tokenizer(write_json(dir, minimal_tokenizer()));
+  EXPECT_EQ(t->decode(t->encode("byte level", false), false), "byte level");
+}
+
+// Each malformed variant of the minimal tokenizer and a phrase its error must contain.
+struct Malformed {
+  std::string name;
+  std::function<void(nlohmann::json&)> edit;
+  ErrorKind kind;
+  std::string needle;
+};
+
+TEST(TokenizerErrors, MalformedComponentsAreNamed) {
+  const std::vector<Malformed> cases = {
+      {"no model", [](auto& j) { j.erase("model"); }, ErrorKind::kInvalidFile,
+       "missing field 'model'"},
+      {"unigram", [](auto& j) { j["model"]["type"] = "Unigram"; }, ErrorKind::kUnsupported,
+       "'Unigram'"},
+      {"normalizer",
+       [](auto& j) {
+         j["normalizer"] = {{"type", "Lowercase"}};
+       },
+       ErrorKind::kUnsupported, "normalizer type 'Lowercase'"},
+      {"nested normalizer",
+       [](auto& j) {
+         j["normalizer"] = {{"type", "Sequence"},
+                            {"normalizers", {{{"type", "NFC"}}, {{"type", "StripAccents"}}}}};
+       },
+       ErrorKind::kUnsupported, "normalizers[1]: normalizer type 'StripAccents'"},
+      {"pre-tokenizer",
+       [](auto& j) {
+         j["pre_tokenizer"] = {{"type", "BertPreTokenizer"}};
+       },
+       ErrorKind::kUnsupported, "pre-tokenizer type 'BertPreTokenizer'"},
+      {"decoder",
+       [](auto& j) {
+         j["decoder"] = {{"type", "WordPiece"}};
+       },
+       ErrorKind::kUnsupported, "decoder type 'WordPiece'"},
+      {"post-processor",
+       [](auto& j) {
+         j["post_processor"] = {{"type", "Custom"}};
+       },
+       ErrorKind::kUnsupported, "post-processor type 'Custom'"},
+      {"regex",
+       [](auto& j) {
+         j["pre_tokenizer"] = {
+             {"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}, {"behavior", "Isolated"}};
+       },
+       ErrorKind::kInvalidFile, "regex '(unclosed' does not compile"},
+      {"behavior",
+       [](auto& j) {
+         j["pre_tokenizer"] = {
+             {"type", "Split"}, {"pattern", {{"String", " "}}}, {"behavior", "Sideways"}};
+       },
+       ErrorKind::kUnsupported, "'Sideways' is not a split behavior"},
+      {"merge token", [](auto& j) { j["model"]["merges"] = {"a zz"}; }, ErrorKind::kInvalidFile,
+       "token 'zz' is not in the vocabulary"},
+      {"merge result", [](auto& j) { j["model"]["merges"] = {"a b"}; }, ErrorKind::kInvalidFile,
+       "merged token 'ab' is not in the vocabulary"},
+      {"merge shape", [](auto& j) { j["model"]["merges"] = {"abc"}; }, ErrorKind::kInvalidFile,
+       "merges[0]"},
+      {"vocab id", [](auto& j) { j["model"]["vocab"]["a"] = "one"; }, ErrorKind::kInvalidFile,
+       "vocab['a']"},
+      {"unk", [](auto& j) { j["model"]["unk_token"] = "<unk>"; }, ErrorKind::kInvalidFile,
+       "unk_token: '<unk>' is not in the vocabulary"},
+      {"strip type",
+       [](auto& j) {
+         j["decoder"] = {{"type", "Strip"}, {"content", " "}, {"start", "one"}, {"stop", 0}};
+       },
+       ErrorKind::kInvalidFile, "malformed tokenizer"},
+      {"added token",
+       [](auto& j) {
+         j["added_tokens"] = {{{"content", "<x>"}}};
+       },
+       ErrorKind::kInvalidFile, "added_tokens[0]: missing field 'id'"},
+  };
+  for (const Malformed& c : cases) {
+    SCOPED_TRACE(c.name);
+    TempDir dir;
+    nlohmann::json j = minimal_tokenizer();
+    c.edit(j);
+    const fs::path path = write_json(dir, j);
+    expect_error([&] { load_tokenizer(path); }, c.kind, c.needle);
+    expect_error([&] { load_tokenizer(path); }, c.kind, path.string());
+  }
+}
+
+TEST(TokenizerErrors, TokenizerConfigNamingAnUnknownToken) {
+  TempDir dir;
+  fs::copy_file(fixture("mistral-v3.tokenizer.json"), dir.path() / "tokenizer.json");
+  std::ofstream(dir.path() / "tokenizer_config.json")
+      << R"({"add_eos_token": true, "eos_token": "<nope>"})";
+  expect_error([&] { load_tokenizer(dir.path()); }, ErrorKind::kInvalidFile,
+               "eos_token '<nope>' is not a token");
+  std::ofstream(dir.path() / "tokenizer_config.json") << R"({"add_bos_token": "yes"})";
+  expect_error([&] { load_tokenizer(dir.path()); }, ErrorKind::kInvalidFile,
+               "add_bos_token: expected true or false");
+}
+
+}  // namespace
+}  // namespace ekva
