@@ -110,25 +110,39 @@ std::string join_context(const Layout& layout, const std::vector<std::string_vie
   return text;
 }
 
+// Tokens that `text` adds after other text. Counting it alone would count the word-start marker
+// that SentencePiece-style tokenizers put at the beginning of a text.
+size_t tokens_after(const TokenCounter& count_tokens, std::string_view text) {
+  static const std::string kProbe = "x";
+  return count_tokens(kProbe + std::string(text)) - count_tokens(kProbe);
+}
+
+// Unit counts are estimates (tokens can merge across a join), so the prompt is assembled, counted
+// exactly, and then trimmed or grown one unit at a time until it fits; this bounds the exact
+// recounts when growing.
+constexpr size_t kMaxGrowthTries = 8;
+
 // Fills the room the facts leave with filler, hides the facts at uniform depths (keeping their
-// order), and trims until the exact count of the prompt fits.
+// order), and fits the prompt to the exact count.
 TaskInstance fit_layout(TaskKind kind, uint64_t seed, Layout layout, Rng& rng,
                         const TaskOptions& options, const TokenCounter& count_tokens) {
-  size_t fixed = count_tokens(layout.header) + count_tokens(layout.question);
-  for (const auto& fact : layout.facts) fixed += count_tokens(fact);
+  FillerSource source(options.filler, rng);
+  const std::string separator(source.separator());
+  size_t fixed = count_tokens(layout.header) + tokens_after(count_tokens, layout.question);
+  for (const auto& fact : layout.facts) fixed += tokens_after(count_tokens, separator + fact);
   if (fixed > options.prompt_tokens) {
     fail(ErrorKind::kInvalidArgument,
          "task {}: a prompt of {} tokens is too short; its facts and question alone take {}",
          task_name(kind), options.prompt_tokens, fixed);
   }
-  FillerSource source(options.filler, rng);
   std::vector<std::string_view> filler;
   size_t room = options.prompt_tokens - fixed;
-  // A unit that does not fit is skipped, so shorter ones after it can still fill the room; stop
-  // once every distinct unit has been tried in a row without fitting.
-  for (size_t i = 0, misses = 0; misses < source.distinct_units(); ++i) {
-    const std::string_view unit = source.unit(i);
-    const size_t n = count_tokens(std::string(unit));
+  // A unit that does not fit is skipped, so shorter ones after it can still fill the room.
+  const size_t max_misses = std::min<size_t>(source.distinct_units(), 64);
+  size_t next = 0;
+  for (size_t misses = 0; misses < max_misses; ++next) {
+    const std::string_view unit = source.unit(next);
+    const size_t n = tokens_after(count_tokens, separator + std::string(unit));
     if (n <= room) {
       filler.push_back(unit);
       room -= n;
@@ -142,12 +156,26 @@ TaskInstance fit_layout(TaskKind kind, uint64_t seed, Layout layout, Rng& rng,
   std::sort(positions.begin(), positions.end());
 
   TaskInstance instance{kind, seed, {}, layout.question, layout.answer, 0};
-  for (;;) {
-    instance.context = join_context(layout, filler, positions, source.separator());
+  auto assemble = [&] {
+    instance.context = join_context(layout, filler, positions, separator);
     instance.prompt_tokens = count_tokens(instance.prompt());
-    if (instance.prompt_tokens <= options.prompt_tokens || filler.empty()) break;
+  };
+  assemble();
+  if (instance.prompt_tokens <= options.prompt_tokens) {
+    for (size_t tries = 0; tries < kMaxGrowthTries; ++tries, ++next) {
+      const TaskInstance fitting = instance;
+      filler.push_back(source.unit(next));
+      assemble();
+      if (instance.prompt_tokens > options.prompt_tokens) {
+        filler.pop_back();
+        instance = fitting;
+      }
+    }
+  }
+  while (instance.prompt_tokens > options.prompt_tokens && !filler.empty()) {
     filler.pop_back();
     for (auto& p : positions) p = std::min(p, filler.size());
+    assemble();
   }
   if (instance.prompt_tokens > options.prompt_tokens) {
     fail(ErrorKind::kInvalidArgument, "task {}: the prompt takes {} tokens, more than {}",
@@ -246,9 +274,12 @@ TaskInstance kv_retrieval(uint64_t seed, Rng& rng, const TaskOptions& options,
   auto line = [](const std::pair<std::string, std::string>& kv) {
     return "\n  \"" + kv.first + "\": \"" + kv.second + "\",";
   };
-  // A question naming a key takes as many tokens as one with any other key of the same form.
+  auto new_pair = [&rng] {
+    return std::pair<std::string, std::string>{rng.letters(8, kHex), rng.letters(8, kHex)};
+  };
+  // A question naming a key takes about as many tokens as one with any other key of the form.
   const size_t fixed =
-      count_tokens(header) + count_tokens(question_head + "00000000" + question_tail);
+      count_tokens(header) + tokens_after(count_tokens, question_head + "00000000" + question_tail);
   if (fixed > options.prompt_tokens) {
     fail(ErrorKind::kInvalidArgument, "task kv-retrieval: a prompt of {} tokens is too short",
          options.prompt_tokens);
@@ -256,15 +287,15 @@ TaskInstance kv_retrieval(uint64_t seed, Rng& rng, const TaskOptions& options,
   std::vector<std::pair<std::string, std::string>> pairs;
   size_t room = options.prompt_tokens - fixed;
   for (;;) {
-    std::pair<std::string, std::string> kv{rng.letters(8, kHex), rng.letters(8, kHex)};
-    const size_t n = count_tokens(line(kv));
+    auto kv = new_pair();
+    const size_t n = tokens_after(count_tokens, line(kv));
     if (n > room) break;
     room -= n;
     pairs.push_back(std::move(kv));
   }
-  const size_t asked_draw = rng.below(1u << 30);
+  const uint64_t asked_draw = rng.below(uint64_t{1} << 62);
   TaskInstance instance{TaskKind::kKvRetrieval, seed, {}, {}, {}, 0};
-  for (;;) {
+  auto assemble = [&] {
     if (pairs.empty()) {
       fail(ErrorKind::kInvalidArgument,
            "task kv-retrieval: a prompt of {} tokens cannot hold a key-value pair",
@@ -276,9 +307,25 @@ TaskInstance kv_retrieval(uint64_t seed, Rng& rng, const TaskOptions& options,
     instance.question = question_head + asked.first + question_tail;
     instance.answer = " " + asked.second;
     instance.prompt_tokens = count_tokens(instance.prompt());
-    if (instance.prompt_tokens <= options.prompt_tokens) return instance;
-    pairs.pop_back();
+  };
+  assemble();
+  if (instance.prompt_tokens <= options.prompt_tokens) {
+    for (size_t tries = 0; tries < kMaxGrowthTries; ++tries) {
+      const TaskInstance fitting = instance;
+      pairs.push_back(new_pair());
+      assemble();
+      if (instance.prompt_tokens > options.prompt_tokens) {
+        pairs.pop_back();
+        instance = fitting;
+        break;
+      }
+    }
   }
+  while (instance.prompt_tokens > options.prompt_tokens) {
+    pairs.pop_back();
+    assemble();
+  }
+  return instance;
 }
 
 }  // namespace
