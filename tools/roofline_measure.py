@@ -6,14 +6,16 @@ Writes two JSON files:
   read (sum of a bf16 buffer) and a dense bf16 GEMM, the figures of a hardware file's "measured"
   block;
 * measured.json: the schema of `ekva roofline --measured` (docs/ROOFLINE.md): Mixtral-8x7B-shaped
-  decode operators in PyTorch (bf16, random weights): qkv_proj, out_proj, router, routed_experts,
-  lm_head and decode attention (SDPA, cuDNN and flash backends, the fastest kept) over a sweep of
-  batch and context.
+  decode operators in PyTorch (bf16, random weights): qkv_proj, out_proj, router, lm_head, routed
+  experts (eager, averaged over random top-2 routings), RMSNorm, decode attention (SDPA, the fastest
+  of the cuDNN, flash and efficient backends) over a sweep of batch and context, and whole 32-layer
+  decode steps.
 
 Timing: every operator is captured in a CUDA graph of several calls that rotate over enough
 replicas of its weights / KV (>= 1 GiB) that the L2 never holds the working set (a decode step reads
-each layer's weights once); CUDA events; warm-up; median of repetitions. Graphs remove launch
-overhead, which the roofline model does not count either.
+each layer's weights once); CUDA events; warm-up; median of repetitions. Graphs remove the host's
+launch overhead; what each kernel still costs beyond its bytes and FLOPs is what a hardware file's
+operator_latency_us records.
 
   python3 tools/roofline_measure.py --out DIR
 """
@@ -97,14 +99,26 @@ def linear_op(name, batch, k, n):
     return {"operator": name, "batch": batch, "time_s": t}
 
 
-def experts_op(batch, seed):
-    """One MoE layer's routed experts: per touched expert, gather, gate_up, SwiGLU, down, scatter."""
+def route(batch, seed):
+    """Random top-2 routing of `batch` tokens: {expert: (token rows, gate weights)}."""
     gen = torch.Generator().manual_seed(seed)
-    logits = torch.randn(batch, E, generator=gen)
-    gates, idx = torch.topk(torch.softmax(logits, -1), TOPK, dim=-1)
-    touched = sorted(set(idx.flatten().tolist()))
-    per_expert = {e: (idx == e).nonzero()[:, 0].to(DEV) for e in touched}
-    gate_of = {e: gates[(idx == e)].to(DEV, BF16).unsqueeze(1) for e in touched}
+    gates, idx = torch.topk(torch.softmax(torch.randn(batch, E, generator=gen), -1), TOPK, dim=-1)
+    return {e: ((idx == e).nonzero()[:, 0].to(DEV), gates[idx == e].to(DEV, BF16).unsqueeze(1))
+            for e in sorted(set(idx.flatten().tolist()))}
+
+
+def moe(x, out, routing, gate_up, down):
+    """Routed experts as eager PyTorch: per touched expert gather, gate_up, SwiGLU, down, scatter."""
+    out.zero_()
+    for e, (rows, gate) in routing.items():
+        h = x.index_select(0, rows) @ gate_up[e]
+        a = F.silu(h[:, :INTER]) * h[:, INTER:]
+        out.index_add_(0, rows, (a @ down[e]) * gate)
+
+
+def experts_op(batch, seeds=8):
+    """One MoE layer's routed experts, averaged over random routings (the expected number of
+    distinct experts touched, as the roofline model assumes)."""
     layer_bytes = E * 3 * H * INTER * 2
     reps = max(2, min(4, -(-ROTATION_BYTES // layer_bytes)))
     gate_up = [[torch.randn(H, 2 * INTER, dtype=BF16, device=DEV) * 0.02 for _ in range(E)]
@@ -113,19 +127,79 @@ def experts_op(batch, seed):
             for _ in range(reps)]
     x = torch.randn(batch, H, dtype=BF16, device=DEV)
     out = torch.zeros(batch, H, dtype=BF16, device=DEV)
-
-    def step(i):
-        out.zero_()
-        for e in touched:
-            rows = per_expert[e]
-            h = x.index_select(0, rows) @ gate_up[i][e]
-            a = F.silu(h[:, :INTER]) * h[:, INTER:]
-            out.index_add_(0, rows, (a @ down[i][e]) * gate_of[e])
-
-    t = time_graph(step, reps)
+    times, touched = [], []
+    for seed in range(seeds):
+        routing = route(batch, 1000 * batch + seed)
+        touched.append(len(routing))
+        times.append(time_graph(lambda i: moe(x, out, routing, gate_up[i], down[i]), reps, reps=7))
     del gate_up, down
-    return {"operator": "routed_experts", "batch": batch, "time_s": t,
-            "note": f"{len(touched)} of {E} experts touched (random top-2 routing, seed {seed})"}
+    return {"operator": "routed_experts", "batch": batch, "time_s": statistics.mean(times),
+            "note": f"mean over {seeds} random top-2 routings, "
+                    f"{statistics.mean(touched):.2f} of {E} experts touched on average"}
+
+
+def rms_norm_op(batch):
+    reps = 16
+    xs = [torch.randn(batch, H, dtype=BF16, device=DEV) for _ in range(reps)]
+    w = torch.ones(H, dtype=BF16, device=DEV)
+    t = time_graph(lambda i: F.rms_norm(xs[i], (H,), w, 1e-5), reps)
+    return {"operator": "attn_norm", "batch": batch, "time_s": t, "note": "F.rms_norm"}
+
+
+def decode_step(batches, context, layers=32):
+    """Whole Mixtral-8x7B-shaped decode steps (random bf16 weights, 32 layers, KV of `context`
+    tokens): norms, fused QKV, RoPE-like rotation, KV append, SDPA attention, output projection,
+    router, eager routed experts, final norm, LM head. One CUDA graph per step."""
+    g, qd, kvd = HQ // HKV, HQ * D, HKV * D
+    bmax = max(batches)
+
+    def rand(*shape):
+        return torch.empty(*shape, dtype=BF16, device=DEV).normal_(0, 0.02)
+
+    weights = []
+    for _ in range(layers):
+        weights.append({"qkv": rand(H, qd + 2 * kvd), "o": rand(qd, H), "router": rand(H, E),
+                        "gate_up": [rand(H, 2 * INTER) for _ in range(E)],
+                        "down": [rand(INTER, H) for _ in range(E)],
+                        "k": rand(bmax, HKV, context + 1, D), "v": rand(bmax, HKV, context + 1, D)})
+    lm_head = rand(H, VOCAB)
+    norm_w = torch.ones(H, dtype=BF16, device=DEV)
+    rows = []
+    for batch in batches:
+        x0 = torch.randn(batch, H, dtype=BF16, device=DEV)
+        x = torch.empty_like(x0)
+        moe_out = torch.empty_like(x0)
+        routings = [route(batch, 7 * l + batch) for l in range(layers)]
+        cos = torch.randn(batch, HQ + HKV, D, dtype=BF16, device=DEV)
+
+        def step(_):
+            x.copy_(x0)
+            for l, w in enumerate(weights):
+                h = F.rms_norm(x, (H,), norm_w, 1e-5)
+                qkv = h @ w["qkv"]
+                qk = qkv[:, :qd + kvd].view(batch, HQ + HKV, D)
+                qk = qk * cos + qk.roll(1, -1) * cos  # stands for RoPE: same bytes and kernels
+                w["k"][:batch, :, context] = qk[:, HQ:]
+                w["v"][:batch, :, context] = qkv[:, qd + kvd:].view(batch, HKV, D)
+                q = qk[:, :HQ].reshape(batch, HKV, g, D)
+                a = F.scaled_dot_product_attention(q, w["k"][:batch], w["v"][:batch])
+                x.add_(a.reshape(batch, qd) @ w["o"])
+                h = F.rms_norm(x, (H,), norm_w, 1e-5)
+                torch.topk(h @ w["router"], TOPK, dim=-1)
+                moe(h, moe_out, routings[l], w["gate_up"], w["down"])
+                x.add_(moe_out)
+            return F.rms_norm(x, (H,), norm_w, 1e-5) @ lm_head
+
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
+                          SDPBackend.EFFICIENT_ATTENTION]):
+            t = time_graph(step, 1, reps=7)
+        touched = statistics.mean(len(r) for r in routings)
+        rows.append({"operator": "step", "batch": batch, "context": context, "time_s": t,
+                     "note": f"whole decode step, eager PyTorch in one CUDA graph; "
+                             f"{touched:.2f} experts touched per layer on average"})
+        print(rows[-1], flush=True)
+    del weights
+    return rows
 
 
 def attention_op(batch, context):
@@ -165,13 +239,16 @@ def main():
         rows.append(linear_op("out_proj", batch, HQ * D, H))
         rows.append(linear_op("router", batch, H, E))
         rows.append(linear_op("lm_head", batch, H, VOCAB))
-        rows.append(experts_op(batch, seed=batch))
-        for r in rows[-5:]:
+        rows.append(experts_op(batch))
+        rows.append(rms_norm_op(batch))
+        for r in rows[-6:]:
             print(r, flush=True)
     for batch in (1, 16, 64):
         for context in (1024, 4096, 16384):
             rows.append(attention_op(batch, context))
             print(rows[-1], flush=True)
+    torch.cuda.empty_cache()
+    rows += decode_step((1, 16), 4095)
     measured = {
         "hardware": "h200",
         "description": (f"Mixtral-8x7B-shaped decode operators in PyTorch {torch.__version__} "

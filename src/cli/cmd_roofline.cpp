@@ -147,6 +147,7 @@ nlohmann::json operator_json(const OperatorCost& r) {
           {"efficiency", r.efficiency},
           {"compute_time_s", r.compute_time_s},
           {"memory_time_s", r.memory_time_s},
+          {"latency_s", r.latency_s},
           {"time_s", r.time_s},
           {"bound", std::string(bound_name(r.bound))}};
 }
@@ -321,7 +322,8 @@ int run_predict(const PredictArgs& a) {
          {{"weights", step.weight_time_s},
           {"kv", step.kv_time_s},
           {"activations", step.activation_time_s},
-          {"compute", step.compute_time_s}}},
+          {"compute", step.compute_time_s},
+          {"latency", step.latency_time_s}}},
         {"memory", memory_json(memory, largest_batch)},
         {"operators", ops},
     };
@@ -349,9 +351,11 @@ int run_predict(const PredictArgs& a) {
   fmt::print("\nstep time          {:.2f} us ({}-bound), {:.0f} tokens/s\n", step.time_s * 1e6,
              bound_name(step.bound), tokens_per_s);
   fmt::print(
-      "time split         weights {:.1f}%, KV {:.1f}%, activations {:.1f}%, compute {:.1f}%\n",
+      "time split         weights {:.1f}%, KV {:.1f}%, activations {:.1f}%, compute {:.1f}%, "
+      "per-call latency {:.1f}%\n",
       100 * step.weight_time_s / step.time_s, 100 * step.kv_time_s / step.time_s,
-      100 * step.activation_time_s / step.time_s, 100 * step.compute_time_s / step.time_s);
+      100 * step.activation_time_s / step.time_s, 100 * step.compute_time_s / step.time_s,
+      100 * step.latency_time_s / step.time_s);
   fmt::print("KV bytes per token {:.0f} (full, {}); {:.3f} MiB per sequence as kept\n",
              kv_per_token, number_format_name(w.kv_format), kv_per_sequence / (1024.0 * 1024.0));
   fmt::print("parameters         {} total, {} active per token\n", params.total,

@@ -15,6 +15,12 @@ constexpr double kSoftmaxFlops = 5;  // scale, running max, subtract and exp, su
 constexpr double kSwigluFlops = 5;   // silu (negate, exp, add, divide) and the gate product
 constexpr double kLogitBytes = 4;    // logits are produced in float32
 
+Bound row_bound(const OperatorCost& op) {
+  const double roof = std::max(op.compute_time_s, op.memory_time_s);
+  if (op.latency_s > roof) return Bound::kLatency;
+  return op.compute_time_s > op.memory_time_s ? Bound::kCompute : Bound::kMemory;
+}
+
 class StepBuilder {
  public:
   StepBuilder(const ModelSpec& spec, const HardwareSpec& hw, const Workload& w, bool datasheet_only)
@@ -216,8 +222,9 @@ class StepBuilder {
     op.memory_time_s = (op.read_bytes() / ceilings_.read_bandwidth +
                         op.write_bytes() / ceilings_.write_bandwidth) /
                        op.efficiency;
-    op.time_s = std::max(op.compute_time_s, op.memory_time_s);
-    op.bound = op.compute_time_s > op.memory_time_s ? Bound::kCompute : Bound::kMemory;
+    op.latency_s = hw_.latency(op.kind, datasheet_only_);
+    op.time_s = std::max(op.compute_time_s, op.memory_time_s) + op.latency_s;
+    op.bound = row_bound(op);
   }
 
   const ModelSpec& s_;
@@ -269,7 +276,15 @@ Phase parse_phase(std::string_view name, std::string_view what) {
 }
 
 std::string_view bound_name(Bound bound) {
-  return bound == Bound::kMemory ? "memory" : "compute";
+  switch (bound) {
+    case Bound::kMemory:
+      return "memory";
+    case Bound::kCompute:
+      return "compute";
+    case Bound::kLatency:
+      return "latency";
+  }
+  return "?";
 }
 
 KvRetention KvRetention::full(const ModelSpec& spec, int64_t context) {
@@ -353,19 +368,16 @@ std::vector<OperatorCost> aggregate_by_operator(const std::vector<OperatorCost>&
     it->kv_write_bytes += r.kv_write_bytes;
     it->compute_time_s += r.compute_time_s;
     it->memory_time_s += r.memory_time_s;
+    it->latency_s += r.latency_s;
     it->time_s += r.time_s;
   }
-  for (auto& o : out) {
-    // Rows of one kind share their bound unless their sizes differ across layers (budgets).
-    o.bound = o.compute_time_s > o.memory_time_s ? Bound::kCompute : Bound::kMemory;
-  }
+  for (auto& o : out) o.bound = row_bound(o);
   return out;
 }
 
 StepCost sum_rows(const std::vector<OperatorCost>& rows) {
   StepCost t;
-  double memory_bound_s = 0;
-  double compute_bound_s = 0;
+  double time_by_bound[3] = {0, 0, 0};  // indexed by Bound
   for (const auto& r : rows) {
     t.flops += r.flops;
     t.weight_bytes += r.weight_bytes;
@@ -374,20 +386,18 @@ StepCost sum_rows(const std::vector<OperatorCost>& rows) {
     t.kv_write_bytes += r.kv_write_bytes;
     t.bytes += r.bytes();
     t.time_s += r.time_s;
-    if (r.bound == Bound::kCompute) {
-      compute_bound_s += r.time_s;
-      t.compute_time_s += r.time_s;
-    } else {
-      memory_bound_s += r.time_s;
-      const double b = r.bytes();
-      if (b > 0) {
-        t.weight_time_s += r.time_s * r.weight_bytes / b;
-        t.kv_time_s += r.time_s * (r.kv_read_bytes + r.kv_write_bytes) / b;
-        t.activation_time_s += r.time_s * (r.activation_read_bytes + r.activation_write_bytes) / b;
-      }
+    time_by_bound[static_cast<int>(r.bound)] += r.time_s;
+    t.latency_time_s += r.latency_s;
+    const double roof = r.time_s - r.latency_s;
+    if (r.compute_time_s > r.memory_time_s) {
+      t.compute_time_s += roof;
+    } else if (const double b = r.bytes(); b > 0) {
+      t.weight_time_s += roof * r.weight_bytes / b;
+      t.kv_time_s += roof * (r.kv_read_bytes + r.kv_write_bytes) / b;
+      t.activation_time_s += roof * (r.activation_read_bytes + r.activation_write_bytes) / b;
     }
   }
-  t.bound = compute_bound_s > memory_bound_s ? Bound::kCompute : Bound::kMemory;
+  t.bound = static_cast<Bound>(std::max_element(time_by_bound, time_by_bound + 3) - time_by_bound);
   return t;
 }
 

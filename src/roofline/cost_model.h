@@ -51,7 +51,8 @@ struct Workload {
   RoutingModel routing;
 };
 
-enum class Bound { kMemory, kCompute };
+// What sets an operator's time: bytes, FLOPs, or its fixed per-call latency.
+enum class Bound { kMemory, kCompute, kLatency };
 std::string_view bound_name(Bound bound);
 
 struct OperatorCost {
@@ -68,7 +69,8 @@ struct OperatorCost {
   double efficiency = 1;
   double compute_time_s = 0;
   double memory_time_s = 0;
-  double time_s = 0;
+  double latency_s = 0;  // the measured fixed cost per call
+  double time_s = 0;     // max(compute, memory) + latency
   Bound bound = Bound::kMemory;
 
   double read_bytes() const { return weight_bytes + activation_read_bytes + kv_read_bytes; }
@@ -87,12 +89,13 @@ struct StepCost {
   double kv_write_bytes = 0;
   double bytes = 0;
   double time_s = 0;
-  // The step's time split by what limits it: memory-bound rows by their bytes, compute-bound rows
-  // as compute.
+  // The step's time split by what limits it: per-call latencies, then the roofline time of
+  // memory-bound rows by their bytes and of compute-bound rows as compute.
   double weight_time_s = 0;
   double kv_time_s = 0;
   double activation_time_s = 0;
   double compute_time_s = 0;
+  double latency_time_s = 0;
   Bound bound = Bound::kMemory;         // the bound of the rows that take most of the time
   std::vector<double> experts_touched;  // per layer; 0 for layers without a router
 

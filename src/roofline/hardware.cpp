@@ -79,10 +79,36 @@ std::array<double, kNumPeakFormats> parse_peaks(const json& j, const std::string
   return peaks;
 }
 
+// {operator name or class: value} with values in [min, max], scaled by `scale`.
+std::map<std::string, double> parse_operator_table(const FieldReader& r, const char* key,
+                                                   const std::string& where, double min, double max,
+                                                   double scale) {
+  std::map<std::string, double> table;
+  if (!r.has(key)) return table;
+  const std::string tw = where + " " + key;
+  const json& j = r.raw(key);
+  if (!j.is_object()) fail(ErrorKind::kInvalidFile, "{}: expected a JSON object", tw);
+  for (const auto& [name, value] : j.items()) {
+    if (!find_operator(name) && !find_operator_class(name)) {
+      std::string names;
+      for (OperatorKind k : all_operators()) names += std::string(operator_name(k)) + ", ";
+      fail(ErrorKind::kInvalidFile,
+           "{}: '{}' is neither an operator ({}) nor a class (gemm, attention, elementwise)", tw,
+           name, names.substr(0, names.size() - 2));
+    }
+    if (!value.is_number() || !(value.get<double>() >= min) || value.get<double>() > max) {
+      fail(ErrorKind::kInvalidFile, "{}: '{}' is {}; expected a number in [{}, {}]", tw, name,
+           value.dump(), min, max);
+    }
+    table[name] = value.get<double>() * scale;
+  }
+  return table;
+}
+
 MeasuredProfile parse_measured(const json& j, const std::string& where) {
   FieldReader r(j, where);
   r.allow_only({"read_bandwidth_gbps", "copy_bandwidth_gbps", "peak_tflops", "operator_efficiency",
-                "method"});
+                "operator_latency_us", "method"});
   MeasuredProfile m;
   m.method = r.string("method");
   m.read_bandwidth = r.positive_or_zero("read_bandwidth_gbps") * kGBps;
@@ -95,25 +121,8 @@ MeasuredProfile parse_measured(const json& j, const std::string& where) {
   }
   if (r.has("peak_tflops"))
     m.peak_flops = parse_peaks(r.raw("peak_tflops"), where + " peak_tflops");
-  if (r.has("operator_efficiency")) {
-    const std::string ew = where + " operator_efficiency";
-    FieldReader e(r.raw("operator_efficiency"), ew);
-    for (const auto& [key, value] : r.raw("operator_efficiency").items()) {
-      if (!find_operator(key) && !find_operator_class(key)) {
-        std::string names;
-        for (OperatorKind k : all_operators()) names += std::string(operator_name(k)) + ", ";
-        fail(ErrorKind::kInvalidFile,
-             "{}: '{}' is neither an operator ({}) nor a class (gemm, attention, elementwise)", ew,
-             key, names.substr(0, names.size() - 2));
-      }
-      const double v = e.positive(key.c_str());
-      if (v > 2) {
-        fail(ErrorKind::kInvalidFile, "{}: efficiency of '{}' is {}; expected a fraction in (0, 2]",
-             ew, key, v);
-      }
-      m.operator_efficiency[key] = v;
-    }
-  }
+  m.operator_efficiency = parse_operator_table(r, "operator_efficiency", where, 1e-9, 2.0, 1.0);
+  m.operator_latency = parse_operator_table(r, "operator_latency_us", where, 0.0, 1e4, 1e-6);
   return m;
 }
 
@@ -150,15 +159,28 @@ Ceilings HardwareSpec::ceilings(bool datasheet_only) const {
   return c;
 }
 
-double HardwareSpec::efficiency(OperatorKind op, bool datasheet_only) const {
-  if (datasheet_only || !measured) return 1.0;
-  const auto& table = measured->operator_efficiency;
+namespace {
+
+// The entry of `op`, else of its class, else `fallback`.
+double lookup(const std::map<std::string, double>& table, OperatorKind op, double fallback) {
   if (auto it = table.find(std::string(operator_name(op))); it != table.end()) return it->second;
   if (auto it = table.find(std::string(operator_class_name(operator_class(op))));
       it != table.end()) {
     return it->second;
   }
-  return 1.0;
+  return fallback;
+}
+
+}  // namespace
+
+double HardwareSpec::efficiency(OperatorKind op, bool datasheet_only) const {
+  if (datasheet_only || !measured) return 1.0;
+  return lookup(measured->operator_efficiency, op, 1.0);
+}
+
+double HardwareSpec::latency(OperatorKind op, bool datasheet_only) const {
+  if (datasheet_only || !measured) return 0.0;
+  return lookup(measured->operator_latency, op, 0.0);
 }
 
 HardwareSpec parse_hardware(const json& j, const std::string& source) {

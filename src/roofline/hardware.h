@@ -33,6 +33,9 @@ struct MeasuredProfile {
   // Attained fraction of the roofline time per operator name or operator class (gemm, attention,
   // elementwise); an operator name wins over its class.
   std::map<std::string, double> operator_efficiency;
+  // Seconds each call of an operator costs on top of its roofline time (launch, ramp-up and tail of
+  // a kernel), by operator name or class like the efficiencies.
+  std::map<std::string, double> operator_latency;
   std::string method;  // how the figures were measured
 };
 
@@ -56,6 +59,9 @@ struct HardwareSpec {
   // The measured efficiency of an operator (by name, else by class), 1 when none was recorded or
   // `datasheet_only`.
   double efficiency(OperatorKind op, bool datasheet_only) const;
+  // The measured fixed cost of one call of an operator, 0 when none was recorded or
+  // `datasheet_only`.
+  double latency(OperatorKind op, bool datasheet_only) const;
 };
 
 // Validates every field; errors name `source`, the field and the value.

@@ -149,7 +149,8 @@ SearchResult search_kv_budget(const ModelSpec& spec, const HardwareSpec& hw, con
     const std::pair<double, const char*> shares[] = {{s.weight_time_s, "weights"},
                                                      {s.kv_time_s, "kv"},
                                                      {s.activation_time_s, "activations"},
-                                                     {s.compute_time_s, "compute"}};
+                                                     {s.compute_time_s, "compute"},
+                                                     {s.latency_time_s, "latency"}};
     result.knee_dominated_by = std::max_element(std::begin(shares), std::end(shares))->second;
   }
   return result;

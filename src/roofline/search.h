@@ -48,7 +48,7 @@ struct SearchResult {
   std::vector<SearchPoint> points;  // by decreasing KV fraction; points[0] is full KV
   int chosen = -1;                  // the largest budget that meets the target; -1: none does
   int knee = -1;  // the largest budget within knee_threshold of the best objective
-  // What dominates the step time at the knee: weights, kv, activations or compute.
+  // What dominates the step time at the knee: weights, kv, activations, compute or latency.
   std::string knee_dominated_by;
 };
 

@@ -197,7 +197,8 @@ TEST(CostModel, TableTotalsEqualTheSumOfRows) {
   EXPECT_NEAR(step.time_s, time, 1e-9 * time);
   EXPECT_NEAR(step.kv_read_bytes + step.kv_write_bytes, kv, 1e-9 * kv);
   EXPECT_NEAR(step.weight_bytes, weights, 1e-9 * weights);
-  EXPECT_NEAR(step.weight_time_s + step.kv_time_s + step.activation_time_s + step.compute_time_s,
+  EXPECT_NEAR(step.weight_time_s + step.kv_time_s + step.activation_time_s + step.compute_time_s +
+                  step.latency_time_s,
               step.time_s, 1e-9 * step.time_s);
   // The per-operator view sums to the same totals.
   const auto by_op = aggregate_by_operator(step.operators);
@@ -210,6 +211,38 @@ TEST(CostModel, TableTotalsEqualTheSumOfRows) {
   EXPECT_EQ(rows, static_cast<int>(step.operators.size()));
   // Every decoder layer of Qwen3-MoE has each of its 10 operators once, plus 3 outside.
   EXPECT_EQ(step.operators.size(), 48u * 10 + 3);
+}
+
+TEST(CostModel, MeasuredEfficiencyAndLatencyApplyPerCall) {
+  const ModelSpec s = mixtral();
+  HardwareSpec hw = find_hardware("h100-sxm");
+  const StepCost plain = predict_step(s, hw, decode(16, 1024));
+  hw.measured = MeasuredProfile{};
+  hw.measured->method = "test";
+  hw.measured->operator_efficiency = {{"gemm", 0.5}};
+  hw.measured->operator_latency = {{"gemm", 6e-6}, {"attention", 7e-6}};
+  const StepCost tuned = predict_step(s, hw, decode(16, 1024));
+  ASSERT_EQ(plain.operators.size(), tuned.operators.size());
+  for (size_t i = 0; i < plain.operators.size(); ++i) {
+    const OperatorCost& a = plain.operators[i];
+    const OperatorCost& b = tuned.operators[i];
+    switch (operator_class(a.kind)) {
+      case OperatorClass::kGemm:
+        EXPECT_NEAR(b.time_s, a.time_s / 0.5 + 6e-6, 1e-15);
+        break;
+      case OperatorClass::kAttention:
+        EXPECT_NEAR(b.time_s, a.time_s + 7e-6, 1e-15);
+        break;
+      case OperatorClass::kElementwise:
+        EXPECT_DOUBLE_EQ(b.time_s, a.time_s);
+        break;
+    }
+    // A router reads 64 KiB: its 6 us call cost outweighs its roofline time.
+    if (a.kind == OperatorKind::kRouter) {
+      EXPECT_EQ(b.bound, Bound::kLatency);
+    }
+  }
+  EXPECT_NEAR(tuned.latency_time_s, 32 * (4 * 6e-6 + 2 * 7e-6) + 6e-6, 1e-12);
 }
 
 TEST(CostModel, KvReadFollowsRetentionAndFormat) {

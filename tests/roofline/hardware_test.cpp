@@ -88,6 +88,17 @@ TEST(Hardware, OperatorEfficiencyByNameThenClass) {
   EXPECT_DOUBLE_EQ(hw.efficiency(OperatorKind::kRoutedExperts, true), 1.0);
 }
 
+TEST(Hardware, PerCallLatencyAddsToTheRooflineTime) {
+  json j = minimal_gpu();
+  j["measured"] = json::parse(R"({"method": "test", "operator_efficiency": {"gemm": 0.5},
+                                  "operator_latency_us": {"gemm": 6, "router": 2}})");
+  const HardwareSpec hw = parse_hardware(j, "t.json");
+  EXPECT_DOUBLE_EQ(hw.latency(OperatorKind::kQkvProj, false), 6e-6);
+  EXPECT_DOUBLE_EQ(hw.latency(OperatorKind::kRouter, false), 2e-6);
+  EXPECT_DOUBLE_EQ(hw.latency(OperatorKind::kAttnNorm, false), 0.0);
+  EXPECT_DOUBLE_EQ(hw.latency(OperatorKind::kQkvProj, true), 0.0);
+}
+
 TEST(Hardware, MalformedFilesAreRejectedNamingTheField) {
   json j = minimal_gpu();
   j.erase("memory_bandwidth_gbps");
@@ -141,7 +152,11 @@ TEST(Hardware, MalformedFilesAreRejectedNamingTheField) {
 
   j = minimal_gpu();
   j["measured"] = json::parse(R"({"method": "x", "operator_efficiency": {"gemm": 3}})");
-  EXPECT_NE(rejection(j).find("expected a fraction"), std::string::npos);
+  EXPECT_NE(rejection(j).find("'gemm' is 3; expected a number in"), std::string::npos);
+
+  j = minimal_gpu();
+  j["measured"] = json::parse(R"({"method": "x", "operator_latency_us": {"attention": -1}})");
+  EXPECT_NE(rejection(j).find("'attention' is -1; expected a number in"), std::string::npos);
 
   EXPECT_NE(rejection(json::array()).find("expected a JSON object"), std::string::npos);
 }
