@@ -45,6 +45,7 @@ void attention(KvCache& cache, int layer, const float* q, const int32_t* seq, co
             }
             const float* k = pool.keys(table.pages[i / page]) + static_cast<size_t>(i % page) * d;
             float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
             for (int j = 0; j < d; ++j) dot += qv[j] * k[j];
             scores[i] = dot * scale;
             max_score = std::max(max_score, scores[i]);
@@ -60,6 +61,7 @@ void attention(KvCache& cache, int layer, const float* q, const int32_t* seq, co
             if (scores[i] == 0.0f) continue;
             const float p = scores[i] * inv;
             const float* v = pool.values(table.pages[i / page]) + static_cast<size_t>(i % page) * d;
+#pragma omp simd
             for (int j = 0; j < d; ++j) acc[j] += p * v[j];
           }
           if (score_query != nullptr && score_query[t] != 0) {

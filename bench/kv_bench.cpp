@@ -1,0 +1,137 @@
+// KV-policy overhead at decode: attention over one sequence's retained KV (Mixtral attention shape:
+// 32 query heads, 8 KV heads, head_dim 128, 16k-token context) with and without the score
+// bookkeeping and eviction that a policy adds per step; and the pool's bytes per retained token.
+#include <benchmark/benchmark.h>
+
+#include <chrono>
+#include <random>
+
+#include "backend/cpu/ops.h"
+#include "kv/policy.h"
+
+namespace ekva {
+namespace {
+
+constexpr int kQHeads = 32, kKvHeads = 8, kHeadDim = 128, kContext = 16384;
+
+ModelSpec attention_shape() {
+  ModelSpec s;
+  s.model_type = "mixtral";
+  s.num_layers = 1;
+  s.num_heads = kQHeads;
+  s.num_kv_heads = kKvHeads;
+  s.head_dim = kHeadDim;
+  s.num_experts = 8;
+  s.top_k = 2;
+  return s;
+}
+
+void fill(KvCache& cache, int tokens, std::mt19937& rng) {
+  std::normal_distribution<float> normal;
+  std::vector<float> k(kHeadDim), v(kHeadDim);
+  for (int p = 0; p < tokens; ++p) {
+    for (int h = 0; h < kKvHeads; ++h) {
+      for (auto& x : k) x = normal(rng);
+      for (auto& x : v) x = normal(rng);
+      TokenMeta m;
+      m.position = p;
+      m.expert = static_cast<int16_t>(rng() % 8);
+      m.score = std::abs(normal(rng));
+      cache.append(0, 0, h, k.data(), v.data(), m);
+    }
+  }
+  cache.advance(0, tokens);
+}
+
+// One decode step: append a token per KV head, attend (optionally scoring), optionally evict.
+void BM_DecodeStep(benchmark::State& state) {
+  const std::string policy_name = state.range(0) == 0   ? "full"
+                                  : state.range(0) == 1 ? "h2o"
+                                                        : "ekva";
+  const bool bookkeeping = state.range(0) != 0;
+  const ModelSpec spec = attention_shape();
+  std::mt19937 rng(3);
+  KvCache cache(spec, 1);
+  fill(cache, kContext, rng);
+  PolicyOptions o;
+  o.name = policy_name;
+  o.budget = 0.25;
+  KvPolicy policy(o, spec);
+  policy.compress(cache, 0, kContext);  // full keeps 16k; the others keep 4k per KV head
+  std::vector<float> q(kQHeads * kHeadDim), out(q.size()), k(kHeadDim, 0.1f), v(kHeadDim, 0.1f);
+  std::normal_distribution<float> normal;
+  for (auto& x : q) x = normal(rng);
+  double attention_s = 0, bookkeeping_s = 0;
+  for (auto _ : state) {
+    const int32_t seq = 0, pos = cache.next_position(0);
+    for (int h = 0; h < kKvHeads; ++h) {
+      TokenMeta m;
+      m.position = pos;
+      m.expert = static_cast<int16_t>(pos % 8);
+      cache.append(0, 0, h, k.data(), v.data(), m);
+    }
+    cache.advance(0, 1);
+    const uint8_t score = bookkeeping ? 1 : 0;
+    auto t0 = std::chrono::steady_clock::now();
+    cpu::attention(cache, 0, q.data(), &seq, &pos, 1, kQHeads, out.data(), &score);
+    auto t1 = std::chrono::steady_clock::now();
+    policy.evict(cache, 0);
+    auto t2 = std::chrono::steady_clock::now();
+    attention_s += std::chrono::duration<double>(t1 - t0).count();
+    bookkeeping_s += std::chrono::duration<double>(t2 - t1).count();
+    if (!bookkeeping) {  // full: keep the table at 16k so every step measures the same work
+      for (int h = 0; h < kKvHeads; ++h) cache.evict(0, 0, h, cache.table(0, 0, h).size() - 1);
+    }
+  }
+  state.counters["retained_per_head"] = cache.table(0, 0, 0).size();
+  state.counters["attention_us"] = 1e6 * attention_s / state.iterations();
+  state.counters["evict_us"] = 1e6 * bookkeeping_s / state.iterations();
+}
+
+// Attention alone over the same retained tokens without scoring, the baseline for the overhead
+// ratio.
+void BM_AttentionOnly(benchmark::State& state) {
+  const ModelSpec spec = attention_shape();
+  std::mt19937 rng(3);
+  KvCache cache(spec, 1);
+  fill(cache, static_cast<int>(state.range(0)), rng);
+  std::vector<float> q(kQHeads * kHeadDim), out(q.size());
+  std::normal_distribution<float> normal;
+  for (auto& x : q) x = normal(rng);
+  const int32_t seq = 0, pos = cache.next_position(0);
+  const uint8_t score = static_cast<uint8_t>(state.range(1));
+  for (auto _ : state)
+    cpu::attention(cache, 0, q.data(), &seq, &pos, 1, kQHeads, out.data(), &score);
+}
+
+void BM_BytesPerRetainedToken(benchmark::State& state) {
+  const ModelSpec spec = attention_shape();
+  const int budget = static_cast<int>(state.range(0));
+  std::mt19937 rng(5);
+  KvCache cache(spec, 1);
+  fill(cache, kContext, rng);
+  PolicyOptions o;
+  o.name = "ekva";
+  o.budget = budget;
+  KvPolicy policy(o, spec);
+  for (auto _ : state) benchmark::DoNotOptimize(cache.kv_bytes_in_use());
+  policy.compress(cache, 0, kContext);
+  const double ideal = 2.0 * kHeadDim * sizeof(float);
+  state.counters["kv_bytes_per_token_vs_ideal"] =
+      cache.kv_bytes_in_use() / (ideal * cache.retained_tokens());
+  state.counters["with_metadata_vs_ideal"] =
+      (cache.kv_bytes_in_use() + cache.metadata_bytes_in_use()) / (ideal * cache.retained_tokens());
+}
+
+}  // namespace
+}  // namespace ekva
+
+// Arg: 0 = full (no bookkeeping, 16k retained), 1 = h2o, 2 = ekva (4k retained per KV head).
+BENCHMARK(ekva::BM_DecodeStep)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMicrosecond)->MinTime(2.0);
+BENCHMARK(ekva::BM_AttentionOnly)
+    ->Args({4097, 0})
+    ->Args({4097, 1})
+    ->Unit(benchmark::kMicrosecond)
+    ->MinTime(2.0);
+BENCHMARK(ekva::BM_BytesPerRetainedToken)->Arg(256)->Arg(1000)->Arg(4096)->Iterations(1);
+BENCHMARK_MAIN();
