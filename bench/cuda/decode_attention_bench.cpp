@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <numeric>
@@ -140,6 +141,8 @@ AttentionResult time_attention(Pool& pool, int batch, const std::vector<int32_t>
   const DecodeAttentionShape shape{batch,    kNumQHeads, kNumKvHeads,
                                    kHeadDim, kPageSize,  with_scores};
   const DecodeAttentionPlan plan(shape, lengths);
+  std::printf("  (B=%d: %d CTAs, %d pieces, %d rotated replicas)\n", batch, plan.num_ctas(),
+              plan.num_pieces(), replicas);
   DeviceBuffer<uint8_t> workspace(plan.workspace_bytes());
   plan.upload(workspace.data(), stream);
   const size_t q_elems = static_cast<size_t>(batch) * kNumQHeads * kHeadDim;
@@ -157,14 +160,28 @@ AttentionResult time_attention(Pool& pool, int batch, const std::vector<int32_t>
   return {ms, kv_bytes};
 }
 
+// Device-to-device copy, read + write bytes, eager (a graph's memcpy node can take the slower
+// copy engine).
 double copy_bandwidth(cudaStream_t stream) {
   const size_t bytes = size_t{4} << 30;
   DeviceBuffer<uint8_t> a(bytes), b(bytes);
   EKVA_CUDA_CHECK(cudaMemsetAsync(a.data(), 1, bytes, stream));
-  const double ms = time_graph(stream, 4, 9, [&](int) {
+  cudaEvent_t start, stop;
+  EKVA_CUDA_CHECK(cudaEventCreate(&start));
+  EKVA_CUDA_CHECK(cudaEventCreate(&stop));
+  std::vector<double> times;
+  for (int r = 0; r < 8; ++r) {
+    EKVA_CUDA_CHECK(cudaEventRecord(start, stream));
     EKVA_CUDA_CHECK(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice, stream));
-  });
-  return 2.0 * bytes / (ms * 1e-3);
+    EKVA_CUDA_CHECK(cudaEventRecord(stop, stream));
+    EKVA_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    EKVA_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (r > 0) times.push_back(ms);
+  }
+  EKVA_CUDA_CHECK(cudaEventDestroy(start));
+  EKVA_CUDA_CHECK(cudaEventDestroy(stop));
+  return 2.0 * bytes / (median(times) * 1e-3);
 }
 
 struct CompactionResult {
@@ -237,15 +254,33 @@ std::vector<int32_t> ragged_lengths(int segments, int length, std::mt19937& rng)
 int run(int argc, char** argv) {
   std::string out_path = "decode_attention_bench.json";
   bool quick = false;
+  int only_batch = 0;  // --only B L: one attention configuration (for profilers), nothing else
+  int only_context = 0;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--out") == 0 && i + 1 < argc) out_path = argv[++i];
     if (std::strcmp(argv[i], "--quick") == 0) quick = true;
+    if (std::strcmp(argv[i], "--only") == 0 && i + 2 < argc) {
+      only_batch = std::atoi(argv[++i]);
+      only_context = std::atoi(argv[++i]);
+    }
   }
   cudaStream_t stream;
   EKVA_CUDA_CHECK(cudaStreamCreate(&stream));
   cudaDeviceProp prop;
   EKVA_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
 
+  if (only_batch > 0) {
+    Pool pool;
+    pool.pages = static_cast<int64_t>(only_batch) * only_context * kNumKvHeads / kPageSize + 4096;
+    pool.data = DeviceBuffer<uint16_t>(static_cast<size_t>(pool.pages) * 2 * kPageSize * kHeadDim);
+    fill_random(pool.data.data(), pool.data.size(), 1234);
+    std::mt19937 rng(42);
+    const std::vector<int32_t> uniform(static_cast<size_t>(only_batch) * kNumKvHeads, only_context);
+    const AttentionResult u = time_attention(pool, only_batch, uniform, false, rng, stream);
+    std::printf("B=%d L=%d: %.2f us, %.3f TB/s\n", only_batch, only_context, u.ms * 1e3,
+                u.bytes / (u.ms * 1e-3) / 1e12);
+    return 0;
+  }
   const double copy_bw = copy_bandwidth(stream);
   // Big enough for the largest configuration (B = 64, L = 128k: 34 GB of K/V).
   const std::vector<int> batches = quick ? std::vector<int>{1, 8} : std::vector<int>{1, 8, 32, 64};
@@ -307,10 +342,14 @@ int run(int argc, char** argv) {
     const double bw = c.moved_bytes / (c.ms * 1e-3);
     std::printf("compaction B=%d L=%d evict 50%%: %.1f us, %.3f TB/s moved = %.0f%% of copy\n", b,
                 l, c.ms * 1e3, bw / 1e12, 100 * bw / copy_bw);
+    // The same pass with nothing flagged: what scanning the flags and tables costs alone.
+    const CompactionResult scan = time_compaction(pool, b, l, 0.0, rng, stream);
+    std::printf("compaction with nothing flagged (scan only): %.1f us\n", scan.ms * 1e3);
     json += "  \"compaction\": {\"batch\": " + std::to_string(b) +
             ", \"context\": " + std::to_string(l) +
             ", \"evict_fraction\": 0.5, \"us\": " + std::to_string(c.ms * 1e3) +
-            ", \"moved_bytes\": " + std::to_string(c.moved_bytes) + "}\n}\n";
+            ", \"moved_bytes\": " + std::to_string(c.moved_bytes) +
+            ", \"scan_only_us\": " + std::to_string(scan.ms * 1e3) + "}\n}\n";
   }
   std::ofstream(out_path) << json;
   EKVA_CUDA_CHECK(cudaStreamDestroy(stream));

@@ -6,6 +6,7 @@
 #   OUT=out/cuda bench/cuda/run_attention_bench.sh               # builds build-cuda first
 #   EKVA_CUDA_BIN=dir OUT=... bench/cuda/run_attention_bench.sh  # uses prebuilt binaries in dir
 #                                                                 # (and the shared libraries there)
+#   EKVA_NCU=1 ...                                                # adds an Nsight Compute profile
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-out/cuda-bench}
@@ -37,6 +38,15 @@ for tool in memcheck racecheck; do
   [[ $rc -eq 0 ]] || { status=1; grep -m 20 -E 'Invalid|Race|hazard|rror' "$OUT/$tool.log"; }
   cat "$OUT/$tool.log" >>"$OUT/sanitizer.log" && rm "$OUT/$tool.log"
 done
+if [[ -n "${EKVA_NCU:-}" ]]; then  # one profile of the attention kernel (B=32, L=16k)
+  echo "== ncu"
+  timeout 240 ncu --clock-control none --kernel-name regex:decode_attention_kernel --launch-skip 8 \
+    --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+    --section WarpStateStats --section Occupancy --section SchedulerStats \
+    "$bench" --only 32 16384 >"$OUT/ncu.txt" 2>&1
+  grep -E "DRAM Throughput|Memory Throughput|Achieved Occupancy|Stall|Issued Warp|Eligible|Active Warps" \
+    "$OUT/ncu.txt" | head -30
+fi
 echo "== benchmark"
 timeout 300 "$bench" --out "$OUT/ekva.json" 2>&1 | tee "$OUT/bench.log" || status=1
 echo "== peers"

@@ -1,6 +1,7 @@
 #include "backend/cuda/decode_attention.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <numbers>
@@ -178,6 +179,9 @@ void DecodeAttentionPlan::run(const PagedKvLayer& kv, const uint16_t* q, uint16_
   launch.head_dim = shape_.head_dim;
   launch.group = shape_.num_q_heads / shape_.num_kv_heads;
   launch.page_size = shape_.page_size;
+  launch.page_shift = std::has_single_bit(static_cast<unsigned>(shape_.page_size))
+                          ? std::countr_zero(static_cast<unsigned>(shape_.page_size))
+                          : -1;
   launch.scale_log2 = static_cast<float>(std::numbers::log2e / std::sqrt(shape_.head_dim));
   launch_decode_attention(launch, stream);
 }

@@ -27,8 +27,8 @@ struct TileConfig {
   // Enough tiles in flight per multiprocessor to cover DRAM latency at two CTAs per SM.
   static constexpr int kStages = D == 128 ? 3 : 4;
   static constexpr int kSmemBytes = kStages * 2 * kTileElems * 2;
-  static constexpr int kChunksPerRow = D / 8;  // 16-byte chunks
-  static constexpr int kRowsPerPass = kThreads / kChunksPerRow;
+  static constexpr int kChunksPerRow = D / 8;              // 16-byte chunks
+  static constexpr int kRowsPerPass = 32 / kChunksPerRow;  // rows one warp copies per instruction
 };
 
 template <int D, int G>
@@ -48,38 +48,63 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
   const int quad = lane % 4;
   const int ps = p.page_size;
 
-  // Loader cursor: the next tile to fetch.
+  // Loader: the cursor names the tile after the one whose page ids are held in registers. The ids
+  // of a tile are fetched one issue ahead, so their latency hides behind a tile of compute.
+  // Each warp copies its own 16 rows of every tile, so a warp waits for its data alone (no CTA
+  // barrier) and the warps drift apart, which keeps the requests in flight more even.
+  constexpr int kRowsPerThread = 16 / Cfg::kRowsPerPass;
+  const int load_chunk = lane % Cfg::kChunksPerRow;
+  const int load_row0 = warp * 16 + lane / Cfg::kChunksPerRow;
+  const auto page_index = [&](int slot) {
+    return p.page_shift >= 0 ? slot >> p.page_shift : slot / ps;
+  };
   int load_piece = piece_begin;
   int4 load_info = p.pieces[load_piece];
   int load_start = load_info.y;
   const int32_t* load_table = p.page_ids + p.page_offsets[load_info.x];
-  const int load_chunk = threadIdx.x % Cfg::kChunksPerRow;
-  const int load_row0 = threadIdx.x / Cfg::kChunksPerRow;
+  bool held = false;
+  int held_start = 0;
+  int held_end = 0;
+  int held_ids[kRowsPerThread];
+
+  const auto fetch_ids = [&]() {
+    held = load_piece < piece_end;
+    if (!held) return;
+    held_start = load_start;
+    held_end = load_info.z;
+#pragma unroll
+    for (int i = 0; i < kRowsPerThread; ++i) {
+      const int slot = held_start + load_row0 + i * Cfg::kRowsPerPass;
+      held_ids[i] = slot < held_end ? load_table[page_index(slot)] : 0;
+    }
+    load_start += kDecodeTileTokens;
+    if (load_start >= load_info.z && ++load_piece < piece_end) {
+      load_info = p.pieces[load_piece];
+      load_start = load_info.y;
+      load_table = p.page_ids + p.page_offsets[load_info.x];
+    }
+  };
 
   const auto issue_tile = [&](int stage) {
-    if (load_piece < piece_end) {
+    if (held) {
       const uint32_t k_dst = smem_base + stage * 2 * Cfg::kTileElems * 2;
       const uint32_t v_dst = k_dst + Cfg::kTileElems * 2;
 #pragma unroll
-      for (int r = load_row0; r < kDecodeTileTokens; r += Cfg::kRowsPerPass) {
-        const int slot = load_start + r;
-        const bool valid = slot < load_info.z;
-        const uint16_t* k_src = p.pool;
-        if (valid) {
-          k_src = p.pool + key_offset(pool_row(load_table, slot, ps), ps, D) + load_chunk * 8;
-        }
+      for (int i = 0; i < kRowsPerThread; ++i) {
+        const int r = load_row0 + i * Cfg::kRowsPerPass;
+        const int slot = held_start + r;
+        const bool valid = slot < held_end;
+        const int row = slot - page_index(slot) * ps;
+        const uint16_t* k_src =
+            valid ? p.pool + (static_cast<int64_t>(held_ids[i]) * 2 * ps + row) * D + load_chunk * 8
+                  : p.pool;
         const uint32_t offset = (r * Cfg::kRowElems + load_chunk * 8) * 2;
         cp_async_16(k_dst + offset, k_src, valid);
         cp_async_16(v_dst + offset, valid ? k_src + static_cast<int64_t>(ps) * D : p.pool, valid);
       }
-      load_start += kDecodeTileTokens;
-      if (load_start >= load_info.z && ++load_piece < piece_end) {
-        load_info = p.pieces[load_piece];
-        load_start = load_info.y;
-        load_table = p.page_ids + p.page_offsets[load_info.x];
-      }
     }
     cp_async_commit();
+    fetch_ids();
   };
 
   // Compute cursor and the warp's online-softmax state for the current piece.
@@ -124,6 +149,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
     }
   };
 
+  fetch_ids();
 #pragma unroll
   for (int s = 0; s < Cfg::kStages - 1; ++s) issue_tile(s);
   begin_piece();
@@ -131,7 +157,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
   int stage = 0;
   while (piece < piece_end) {
     cp_async_wait<Cfg::kStages - 2>();
-    __syncthreads();  // the tile has landed for every thread, and the stage refilled next is free
+    __syncwarp();  // the warp's rows have landed for all its lanes; the stage refilled next is free
     issue_tile((stage + Cfg::kStages - 1) % Cfg::kStages);
 
     const uint32_t k_tile = smem_base + stage * 2 * Cfg::kTileElems * 2;
@@ -224,54 +250,75 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
   cp_async_wait_all();
 }
 
-// One CTA per segment: merges the warps' partials of every piece, writes the normalised output and,
-// when asked, the per-slot weights summed over the group.
+constexpr int kReduceWarps = 8;
+
+// Grid (segment, head of the group): merges the warps' partials of every piece of the segment
+// (a warp per partial row at a time, a lane per 32nd of the head), writes the normalised output
+// and, when asked, the per-slot weights summed over the group (slots shared among the group's
+// CTAs).
 template <int D, int G>
-__global__ void __launch_bounds__(kThreads) decode_reduce_kernel(const DecodeLaunch p) {
+__global__ void __launch_bounds__(kReduceWarps * 32) decode_reduce_kernel(const DecodeLaunch p) {
   __shared__ float head_max[G];
   __shared__ float head_inv_sum[G];
+  __shared__ float warp_acc[kReduceWarps][D];
   const int segment = blockIdx.x;
+  const int head = blockIdx.y;
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
   const int seq = segment / p.num_kv_heads;
   const int kv_head = segment - seq * p.num_kv_heads;
   const int first = p.segment_piece_offsets[segment] * kDecodeWarps;
   const int last = p.segment_piece_offsets[segment + 1] * kDecodeWarps;
 
-  if (threadIdx.x < G) {
-    const int h = threadIdx.x;
+  if (warp < G) {
     float m = -INFINITY;
-    for (int w = first; w < last; ++w) m = fmaxf(m, p.partial_ml[w * G + h].x);
+    for (int w = first + lane; w < last; w += 32) m = fmaxf(m, p.partial_ml[w * G + warp].x);
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
     float sum = 0.0f;
     if (m != -INFINITY) {
-      for (int w = first; w < last; ++w) {
-        const float2 ml = p.partial_ml[w * G + h];
+      for (int w = first + lane; w < last; w += 32) {
+        const float2 ml = p.partial_ml[w * G + warp];
         sum += exp2f(ml.x - m) * ml.y;
       }
     }
-    head_max[h] = m;
-    head_inv_sum[h] = sum > 0.0f ? 1.0f / sum : 0.0f;
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) {
+      head_max[warp] = m;
+      head_inv_sum[warp] = sum > 0.0f ? 1.0f / sum : 0.0f;
+    }
   }
   __syncthreads();
 
-  for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
-    const int h = i / D;
-    const int d = i - h * D;
-    const float m = head_max[h];
-    float acc = 0.0f;
-    if (m != -INFINITY) {
-      for (int w = first; w < last; ++w) {
-        const int64_t index = static_cast<int64_t>(w) * G + h;
-        acc += exp2f(p.partial_ml[index].x - m) * p.partial_o[index * D + d];
-      }
+  const float m = head_max[head];
+  float acc[D / 32] = {};
+  if (m != -INFINITY) {
+#pragma unroll 4
+    for (int w = first + warp; w < last; w += kReduceWarps) {
+      const int64_t index = static_cast<int64_t>(w) * G + head;
+      const float weight = exp2f(p.partial_ml[index].x - m);
+#pragma unroll
+      for (int i = 0; i < D / 32; ++i) acc[i] += weight * p.partial_o[index * D + i * 32 + lane];
     }
-    const int64_t out_index = (static_cast<int64_t>(seq) * p.num_q_heads + kv_head * G + h) * D + d;
-    p.out[out_index] = to_bf16_bits(acc * head_inv_sum[h]);
+  }
+#pragma unroll
+  for (int i = 0; i < D / 32; ++i) warp_acc[warp][i * 32 + lane] = acc[i];
+  __syncthreads();
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float total = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kReduceWarps; ++w) total += warp_acc[w][d];
+    const int64_t out_index =
+        (static_cast<int64_t>(seq) * p.num_q_heads + kv_head * G + head) * D + d;
+    p.out[out_index] = to_bf16_bits(total * head_inv_sum[head]);
   }
 
   if (p.scores != nullptr) {
     const int64_t base = p.segment_token_offsets[segment];
     const int length = static_cast<int>(p.segment_token_offsets[segment + 1] - base);
     const int32_t* table = p.page_ids + p.page_offsets[segment];
-    for (int slot = threadIdx.x; slot < length; slot += blockDim.x) {
+    for (int slot = head * blockDim.x + threadIdx.x; slot < length; slot += G * blockDim.x) {
       float weight = 0.0f;
 #pragma unroll
       for (int h = 0; h < G; ++h) {
@@ -307,7 +354,8 @@ void launch_decode_attention(const DecodeLaunch& launch, cudaStream_t stream) {
           <<<launch.num_ctas, kThreads, TileConfig<D>::kSmemBytes, stream>>>(launch);
       EKVA_CUDA_CHECK(cudaGetLastError());
     }
-    decode_reduce_kernel<D, G><<<launch.num_segments, kThreads, 0, stream>>>(launch);
+    decode_reduce_kernel<D, G>
+        <<<dim3(launch.num_segments, G), kReduceWarps * 32, 0, stream>>>(launch);
     EKVA_CUDA_CHECK(cudaGetLastError());
   });
 }

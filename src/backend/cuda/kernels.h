@@ -38,6 +38,7 @@ struct DecodeLaunch {
   int head_dim;
   int group;
   int page_size;
+  int page_shift;    // log2(page_size) when a power of two, else -1
   float scale_log2;  // softmax scale * log2(e)
 };
 

@@ -16,10 +16,10 @@ void check_layer(const PagedKvLayer& kv, const char* op) {
     fail(ErrorKind::kInvalidArgument, "{}: pool, block tables and lengths must be set", op);
   }
   if (kv.num_sequences <= 0 || kv.num_kv_heads <= 0 || kv.page_size <= 0 || kv.head_dim <= 0 ||
-      kv.head_dim % 8 != 0) {
+      kv.head_dim % 8 != 0 || kv.head_dim > 128) {
     fail(ErrorKind::kInvalidArgument,
          "{}: needs positive sequences, KV heads and page_size and a head_dim that is a multiple "
-         "of 8 (got {}, {}, {}, {})",
+         "of 8 up to 128 (got {}, {}, {}, {})",
          op, kv.num_sequences, kv.num_kv_heads, kv.page_size, kv.head_dim);
   }
 }

@@ -57,10 +57,12 @@ __global__ void append_kv_kernel(const AppendLaunch p) {
 
 constexpr int kPlanThreads = 1024;
 
-// One CTA per segment: counts the flagged slots (k), then ranks the holes below the new length
-// n = length - k and the survivors at or past it; rank r's survivor moves into rank r's hole. This
-// is the state that evicting the flagged slots one at a time, highest first, leaves (each eviction
-// moves the current last slot, a survivor, into the hole).
+// One CTA per segment. Evicting the flagged slots f_1 > f_2 > ... > f_k one at a time moves, at
+// step j, the content of position length - j into f_j (when f_j is not last). With n = length - k,
+// the holes f_j < n end up holding resolve(length - j), where resolve(q) = q for an unflagged q and
+// resolve(length - i) for q = f_i: a chain through the flagged tail that only moves upward. The
+// chains are resolved by pointer jumping over the tail positions [n, length), stored in move_src
+// (pool-parallel by slot); the holes' move list goes to the rows of slots [0, holes), below n.
 __global__ void __launch_bounds__(kPlanThreads) plan_compaction_kernel(const CompactLaunch p) {
   using Reduce = cub::BlockReduce<int, kPlanThreads>;
   using Scan = cub::BlockScan<int, kPlanThreads>;
@@ -69,57 +71,86 @@ __global__ void __launch_bounds__(kPlanThreads) plan_compaction_kernel(const Com
     typename Scan::TempStorage scan;
   } temp;
   __shared__ int evicted;
+  __shared__ int holes;
+  __shared__ int changed;
   const int segment = blockIdx.x;
   const int length = p.lengths[segment];
   const int32_t* table = p.page_ids + p.page_offsets[segment];
-  const auto flagged = [&](int slot) {
-    return p.evict_flags[pool_row(table, slot, p.page_size)] != 0;
+  const auto row_of = [&](int slot) {
+    return static_cast<int32_t>(pool_row(table, slot, p.page_size));
   };
 
   int local = 0;
-  for (int slot = threadIdx.x; slot < length; slot += kPlanThreads) local += flagged(slot);
+  for (int slot = threadIdx.x; slot < length; slot += kPlanThreads) {
+    local += p.evict_flags[row_of(slot)] != 0;
+  }
   const int total = Reduce(temp.reduce).Sum(local);
-  if (threadIdx.x == 0) evicted = total;
+  if (threadIdx.x == 0) {
+    evicted = total;
+    holes = 0;
+  }
   __syncthreads();
-  const int kept = length - evicted;
+  const int k = evicted;
+  const int kept = length - k;
 
-  int holes = 0;
-  for (int base = 0; base < kept; base += kPlanThreads) {
+  int flagged_before = 0;  // flagged slots below the current chunk
+  for (int base = 0; base < length; base += kPlanThreads) {
     const int slot = base + threadIdx.x;
-    const int hole = slot < kept && flagged(slot);
-    int rank = 0;
+    const int flag = slot < length && p.evict_flags[row_of(slot)] != 0;
+    int prefix = 0;
     int chunk = 0;
-    Scan(temp.scan).ExclusiveSum(hole, rank, chunk);
-    if (hole) {
-      p.move_dst[pool_row(table, holes + rank, p.page_size)] =
-          static_cast<int32_t>(pool_row(table, slot, p.page_size));
+    Scan(temp.scan).ExclusiveSum(flag, prefix, chunk);
+    prefix += flagged_before;
+    if (slot < length) {
+      const int source = length - (k - prefix);  // length - j for the j-th highest flagged slot
+      if (slot < kept) {
+        if (flag) {
+          p.move_dst[row_of(prefix)] = row_of(slot);
+          p.move_src[row_of(prefix)] = source;
+        }
+      } else {
+        p.move_src[row_of(slot)] = flag ? source : slot;
+      }
+      if (slot == kept) holes = prefix;
     }
-    holes += chunk;
+    flagged_before += chunk;
     __syncthreads();
   }
-  int survivors = 0;
-  for (int base = kept; base < length; base += kPlanThreads) {
-    const int slot = base + threadIdx.x;
-    const int survivor = slot < length && !flagged(slot);
-    int rank = 0;
-    int chunk = 0;
-    Scan(temp.scan).ExclusiveSum(survivor, rank, chunk);
-    if (survivor) {
-      p.move_src[pool_row(table, survivors + rank, p.page_size)] =
-          static_cast<int32_t>(pool_row(table, slot, p.page_size));
-    }
-    survivors += chunk;
+
+  while (true) {
     __syncthreads();
+    if (threadIdx.x == 0) changed = 0;
+    __syncthreads();
+    bool moved = false;
+    for (int slot = kept + threadIdx.x; slot < length; slot += kPlanThreads) {
+      const int32_t next = p.move_src[row_of(slot)];
+      if (next != slot) {
+        const int32_t after = p.move_src[row_of(next)];
+        if (after != next) {
+          p.move_src[row_of(slot)] = after;
+          moved = true;
+        }
+      }
+    }
+    if (moved) changed = 1;
+    __syncthreads();
+    if (changed == 0) break;
+  }
+
+  for (int r = threadIdx.x; r < holes; r += kPlanThreads) {
+    p.move_src[row_of(r)] = row_of(p.move_src[row_of(p.move_src[row_of(r)])]);
   }
   if (threadIdx.x == 0) {
-    p.move_counts[segment] = holes;  // == survivors: both count the slots that change place
+    p.move_counts[segment] = holes;
     p.lengths[segment] = kept;
   }
 }
 
 constexpr int kCopyThreads = 256;
+constexpr int kMovesInFlight = 4;
 
-// A warp per move: K row, V row (16 bytes a lane) and the metadata.
+// A warp per move (a lane per 16-byte chunk of the K row, then of the V row; head_dim <= 128),
+// kMovesInFlight moves loaded before any is stored.
 __global__ void __launch_bounds__(kCopyThreads) copy_moves_kernel(const CompactLaunch p) {
   const int segment = blockIdx.x;
   const int moves = p.move_counts[segment];
@@ -127,19 +158,41 @@ __global__ void __launch_bounds__(kCopyThreads) copy_moves_kernel(const CompactL
   const int warps = kCopyThreads / 32;
   const int lane = threadIdx.x % 32;
   const int chunks = p.head_dim / 8;  // 16-byte chunks per row
-  for (int r = blockIdx.y * warps + threadIdx.x / 32; r < moves; r += gridDim.y * warps) {
-    const int64_t rank_row = pool_row(table, r, p.page_size);
-    const int64_t dst = p.move_dst[rank_row];
-    const int64_t src = p.move_src[rank_row];
-    const int64_t dst_key = key_offset(dst, p.page_size, p.head_dim);
-    const int64_t src_key = key_offset(src, p.page_size, p.head_dim);
-    const int64_t value_shift = static_cast<int64_t>(p.page_size) * p.head_dim;
-    for (int c = lane; c < 2 * chunks; c += 32) {
-      const int64_t shift = (c >= chunks ? value_shift : 0) + (c % chunks) * 8;
-      *reinterpret_cast<uint4*>(p.pool + dst_key + shift) =
-          *reinterpret_cast<const uint4*>(p.pool + src_key + shift);
+  const int64_t lane_shift =
+      (lane >= chunks ? static_cast<int64_t>(p.page_size) * p.head_dim : 0) + (lane % chunks) * 8;
+  const bool lane_active = lane < 2 * chunks;
+  const int stride = gridDim.y * warps;
+  for (int base = blockIdx.y * warps + threadIdx.x / 32; base < moves;
+       base += kMovesInFlight * stride) {
+    int64_t dst[kMovesInFlight];
+    int64_t src[kMovesInFlight];
+#pragma unroll
+    for (int i = 0; i < kMovesInFlight; ++i) {
+      const int r = base + i * stride;
+      dst[i] = src[i] = -1;
+      if (r < moves) {
+        const int64_t rank_row = pool_row(table, r, p.page_size);
+        dst[i] = p.move_dst[rank_row];
+        src[i] = p.move_src[rank_row];
+      }
     }
-    if (lane == 0 && p.meta != nullptr) p.meta[dst] = p.meta[src];
+    uint4 data[kMovesInFlight];
+#pragma unroll
+    for (int i = 0; i < kMovesInFlight; ++i) {
+      if (src[i] >= 0 && lane_active) {
+        data[i] = *reinterpret_cast<const uint4*>(
+            p.pool + key_offset(src[i], p.page_size, p.head_dim) + lane_shift);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kMovesInFlight; ++i) {
+      if (dst[i] < 0) continue;
+      if (lane_active) {
+        *reinterpret_cast<uint4*>(p.pool + key_offset(dst[i], p.page_size, p.head_dim) +
+                                  lane_shift) = data[i];
+      }
+      if (lane == 0 && p.meta != nullptr) p.meta[dst[i]] = p.meta[src[i]];
+    }
   }
 }
 
