@@ -161,9 +161,12 @@ TEST(CostModel, DecodeAttentionIsMemoryBoundAtTheGqaGroupIntensity) {
   EXPECT_DOUBLE_EQ(b, 8 * bytes);
   EXPECT_NEAR(f / b, 4.04, 0.01);  // the GQA group size, far below the H200 ridge (~168)
   // Memory-bound time: all of it read at the measured 4.5 TB/s but the output, written at the
-  // write rate derived from the 4.16 TB/s copy.
+  // write rate derived from the 4.16 TB/s copy, plus the fused kernel's measured cost per call.
   const Ceilings c = h200.ceilings(false);
-  EXPECT_NEAR(t, 8 * ((bytes - 32 * 128 * 2) / c.read_bandwidth + 32 * 128 * 2 / c.write_bandwidth),
+  EXPECT_NEAR(t,
+              8 * ((bytes - 32 * 128 * 2) / c.read_bandwidth + 32 * 128 * 2 / c.write_bandwidth) +
+                  h200.latency(OperatorKind::kAttentionScores, false) +
+                  h200.latency(OperatorKind::kAttentionValues, false),
               1e-12);
 
   // Prefill over a 4096-token prompt is compute-bound.
