@@ -140,7 +140,7 @@ const std::string* BpeModel::id_to_token(int32_t id) const {
 
 void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& ids) const {
   if (!cut_at_word_marker_) {
-    encode_uncached(word, ids);
+    encode_piece(word, ids);
     return;
   }
   size_t start = 0;
@@ -148,34 +148,63 @@ void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& ids) con
     size_t end = start;
     while (word.substr(end).starts_with(kWordMarker)) end += kWordMarker.size();
     end = std::min(word.find(kWordMarker, end), word.size());
-    encode_uncached(word.substr(start, end - start), ids);
+    encode_piece(word.substr(start, end - start), ids);
     start = end;
   }
 }
 
-void BpeModel::encode_uncached(std::string_view word, std::vector<int32_t>& ids) const {
-  const bool cacheable = word.size() <= kMaxCachedWordBytes;
-  if (cacheable) {
-    std::lock_guard lock(cache_mutex_);
-    const auto it = cache_.find(word);
-    if (it != cache_.end()) {
-      ids.insert(ids.end(), it->second.begin(), it->second.end());
-      return;
-    }
-  }
-  std::vector<int32_t> word_ids;
+void BpeModel::encode_piece(std::string_view word, std::vector<int32_t>& ids) const {
+  const bool cacheable = word.size() <= WordCache::kMaxWordBytes;
+  // 0 marks an empty cache slot.
+  const uint64_t hash = std::hash<std::string_view>{}(word) | 1;
+  if (cacheable && cache_.append(word, hash, ids)) return;
+  const size_t first = ids.size();
   const auto whole = ignore_merges_ ? token_to_id(word) : std::nullopt;
   if (whole) {
-    word_ids.push_back(*whole);
+    ids.push_back(*whole);
   } else {
-    initial_symbols(word, word_ids);
-    apply_merges(word_ids);
+    thread_local std::vector<int32_t> symbols;
+    symbols.clear();
+    initial_symbols(word, symbols);
+    apply_merges(symbols);
+    ids.insert(ids.end(), symbols.begin(), symbols.end());
   }
-  ids.insert(ids.end(), word_ids.begin(), word_ids.end());
-  if (cacheable) {
-    std::lock_guard lock(cache_mutex_);
-    if (cache_.size() < kCacheCapacity) cache_.emplace(word, std::move(word_ids));
+  if (cacheable) cache_.insert(word, hash, std::span(ids).subspan(first));
+}
+
+BpeModel::WordCache::WordCache() : slots_(kSlots) {}
+
+bool BpeModel::WordCache::append(std::string_view word, uint64_t hash,
+                                 std::vector<int32_t>& ids) const {
+  std::shared_lock lock(mutex_);
+  for (size_t i = hash & (kSlots - 1);; i = (i + 1) & (kSlots - 1)) {
+    const Slot& slot = slots_[i];
+    if (slot.hash == 0) return false;
+    if (slot.hash == hash && slot.key_length == word.size() &&
+        std::string_view(keys_).substr(slot.key_offset, slot.key_length) == word) {
+      ids.insert(ids.end(), ids_.begin() + slot.ids_offset,
+                 ids_.begin() + slot.ids_offset + slot.ids_length);
+      return true;
+    }
   }
+}
+
+void BpeModel::WordCache::insert(std::string_view word, uint64_t hash,
+                                 std::span<const int32_t> word_ids) {
+  std::unique_lock lock(mutex_);
+  if (entries_ >= kMaxEntries || word_ids.size() > UINT16_MAX) return;
+  size_t i = hash & (kSlots - 1);
+  for (; slots_[i].hash != 0; i = (i + 1) & (kSlots - 1)) {
+    if (slots_[i].hash == hash && slots_[i].key_length == word.size() &&
+        std::string_view(keys_).substr(slots_[i].key_offset, slots_[i].key_length) == word) {
+      return;  // another thread cached it first
+    }
+  }
+  slots_[i] = Slot{hash, static_cast<uint32_t>(keys_.size()), static_cast<uint32_t>(ids_.size()),
+                   static_cast<uint8_t>(word.size()), static_cast<uint16_t>(word_ids.size())};
+  keys_.append(word);
+  ids_.insert(ids_.end(), word_ids.begin(), word_ids.end());
+  ++entries_;
 }
 
 void BpeModel::initial_symbols(std::string_view word, std::vector<int32_t>& ids) const {

@@ -4,6 +4,8 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <shared_mutex>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -60,7 +62,8 @@ class BpeModel {
     int shift_ = 64;
   };
 
-  void encode_uncached(std::string_view word, std::vector<int32_t>& ids) const;
+  // Encodes a word that no merge crosses out of, through the word cache.
+  void encode_piece(std::string_view word, std::vector<int32_t>& ids) const;
   // The initial symbols of a word: one per character, or its bytes' fallback tokens, or unk.
   void initial_symbols(std::string_view word, std::vector<int32_t>& ids) const;
   void apply_merges(std::vector<int32_t>& ids) const;
@@ -83,10 +86,35 @@ class BpeModel {
   // "▁" after other text, so no merge can cross such a point (SentencePiece-style vocabularies).
   bool cut_at_word_marker_ = false;
 
-  static constexpr size_t kCacheCapacity = 1 << 17;
-  static constexpr size_t kMaxCachedWordBytes = 256;
-  mutable std::mutex cache_mutex_;
-  mutable StringMap<std::vector<int32_t>> cache_;
+  // Encoded words, as Hugging Face keeps them: real text repeats its words, so most are looked
+  // up rather than merged. Open addressing over flat arenas; a node-based map's cache misses cost
+  // more than the merges it saved.
+  class WordCache {
+   public:
+    WordCache();
+    // Appends the cached ids of `word` to `ids`; false when it is not cached.
+    bool append(std::string_view word, uint64_t hash, std::vector<int32_t>& ids) const;
+    // Does nothing once the cache is full.
+    void insert(std::string_view word, uint64_t hash, std::span<const int32_t> word_ids);
+
+    static constexpr size_t kMaxWordBytes = 255;
+
+   private:
+    struct Slot {
+      uint64_t hash = 0;  // 0: empty
+      uint32_t key_offset = 0, ids_offset = 0;
+      uint8_t key_length = 0;
+      uint16_t ids_length = 0;
+    };
+    static constexpr size_t kSlots = 1 << 18;
+    static constexpr size_t kMaxEntries = kSlots / 2;
+    std::vector<Slot> slots_;
+    std::string keys_;
+    std::vector<int32_t> ids_;
+    size_t entries_ = 0;
+    mutable std::shared_mutex mutex_;
+  };
+  mutable WordCache cache_;
 };
 
 }  // namespace ekva
