@@ -15,5 +15,7 @@ void add_tokenize(CLI::App& app, Action& action);
 void add_detokenize(CLI::App& app, Action& action);
 void add_roofline(CLI::App& app, Action& action);
 void add_tasks(CLI::App& app, Action& action);
+void add_calibrate(CLI::App& app, Action& action);
+void add_plan(CLI::App& app, Action& action);
 
 }  // namespace ekva::cli

@@ -17,6 +17,8 @@ int main(int argc, char** argv) {
   ekva::cli::add_detokenize(app, action);
   ekva::cli::add_roofline(app, action);
   ekva::cli::add_tasks(app, action);
+  ekva::cli::add_calibrate(app, action);
+  ekva::cli::add_plan(app, action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -44,8 +44,9 @@ void Forward::attention_block(int layer, const ForwardBatch& batch, const float*
   const LayerWeights& L = model_.layer(layer);
   const int n = batch.size();
   const int d = s.head_dim;
-  std::vector<float> q(static_cast<size_t>(n) * s.q_dim()), k(static_cast<size_t>(n) * s.kv_dim()),
-      v(static_cast<size_t>(n) * s.kv_dim());
+  std::vector<float>& q = q_;
+  q.resize(static_cast<size_t>(n) * s.q_dim());
+  std::vector<float> k(static_cast<size_t>(n) * s.kv_dim()), v(static_cast<size_t>(n) * s.kv_dim());
   auto bias = [](const std::vector<float>& b) { return b.empty() ? nullptr : b.data(); };
   cpu::linear(L.q, x, n, q.data(), bias(L.q_bias));
   cpu::linear(L.k, x, n, k.data(), bias(L.k_bias));
@@ -83,9 +84,9 @@ void Forward::attention_block(int layer, const ForwardBatch& batch, const float*
 
 namespace {
 
-// out[n, hidden] += weight[t] * mlp(x[t]) for the listed rows of x.
-void mlp_accumulate(const Mlp& m, const float* x, int hidden, const std::vector<int32_t>& rows,
-                    const std::vector<float>& weights, float* out) {
+// mlp(x[r]) for the listed rows r of x: rows.size() x hidden.
+std::vector<float> mlp_rows(const Mlp& m, const float* x, int hidden,
+                            const std::vector<int32_t>& rows) {
   const int n = static_cast<int>(rows.size());
   const int inter = m.gate.rows;
   std::vector<float> xs(static_cast<size_t>(n) * hidden), g(static_cast<size_t>(n) * inter),
@@ -98,9 +99,15 @@ void mlp_accumulate(const Mlp& m, const float* x, int hidden, const std::vector<
   cpu::linear(m.up, xs.data(), n, u.data());
   cpu::silu_mul(g.data(), u.data(), g.data(), g.size());
   cpu::linear(m.down, g.data(), n, y.data());
-  for (int i = 0; i < n; ++i) {
+  return y;
+}
+
+// out[r] += weight * y for each listed row r.
+void accumulate_rows(const std::vector<float>& y, int hidden, const std::vector<int32_t>& rows,
+                     const std::vector<float>& weights, float* out) {
+  for (size_t i = 0; i < rows.size(); ++i) {
     float* o = out + static_cast<size_t>(rows[i]) * hidden;
-    const float* yr = y.data() + static_cast<size_t>(i) * hidden;
+    const float* yr = y.data() + i * hidden;
     for (int j = 0; j < hidden; ++j) o[j] += weights[i] * yr[j];
   }
 }
@@ -117,7 +124,8 @@ void Forward::moe_block(int layer, int moe_index, const ForwardBatch& batch, con
   std::vector<int32_t> all(n);
   std::iota(all.begin(), all.end(), 0);
   if (!s.layer_is_moe[layer]) {
-    mlp_accumulate(L.dense, x, hidden, all, std::vector<float>(n, 1.0f), out);
+    accumulate_rows(mlp_rows(L.dense, x, hidden, all), hidden, all, std::vector<float>(n, 1.0f),
+                    out);
     return;
   }
   const int E = s.num_experts;
@@ -129,6 +137,8 @@ void Forward::moe_block(int layer, int moe_index, const ForwardBatch& batch, con
   std::vector<std::vector<float>> gates(E);
   std::vector<float> prob(E);
   std::vector<int> order(E);
+  std::vector<int32_t> top_experts(static_cast<size_t>(n) * s.top_k);
+  std::vector<float> top_gates(top_experts.size());
   for (int t = 0; t < n; ++t) {
     const float* lr = logits.data() + static_cast<size_t>(t) * E;
     const float mx = *std::max_element(lr, lr + E);
@@ -145,6 +155,8 @@ void Forward::moe_block(int layer, int moe_index, const ForwardBatch& batch, con
       const int e = order[i];
       rows[e].push_back(t);
       gates[e].push_back(s.norm_topk_prob ? prob[e] / top_sum : prob[e]);
+      top_experts[static_cast<size_t>(t) * s.top_k + i] = e;
+      top_gates[static_cast<size_t>(t) * s.top_k + i] = gates[e].back();
     }
     // The token's KV entries at this layer learn its routing now that the router has run.
     for (int h = 0; h < s.num_kv_heads; ++h) {
@@ -155,8 +167,17 @@ void Forward::moe_block(int layer, int moe_index, const ForwardBatch& batch, con
       meta.gate = gates[order[0]].back();
     }
   }
+  if (observer != nullptr) {
+    observer->on_layer_routed(layer, batch, cache_, q_.data(), top_experts.data(), top_gates.data(),
+                              s.top_k);
+  }
   for (int e = 0; e < E; ++e) {
-    if (!rows[e].empty()) mlp_accumulate(L.experts[e], x, hidden, rows[e], gates[e], out);
+    if (rows[e].empty()) continue;
+    const std::vector<float> y = mlp_rows(L.experts[e], x, hidden, rows[e]);
+    if (observer != nullptr)
+      observer->on_expert_output(layer, e, rows[e], gates[e], y.data(), hidden);
+    if (disabled_ != std::pair<int, int>{layer, e})
+      accumulate_rows(y, hidden, rows[e], gates[e], out);
   }
   if (s.shared_intermediate > 0) {
     std::vector<float> shared_w(n, 1.0f);
@@ -164,7 +185,7 @@ void Forward::moe_block(int layer, int moe_index, const ForwardBatch& batch, con
       cpu::linear(L.shared_gate, x, n, shared_w.data());
       for (float& g : shared_w) g = 1.0f / (1.0f + std::exp(-g));
     }
-    mlp_accumulate(L.shared, x, hidden, all, shared_w, out);
+    accumulate_rows(mlp_rows(L.shared, x, hidden, all), hidden, all, shared_w, out);
   }
 }
 

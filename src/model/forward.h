@@ -34,6 +34,15 @@ class ForwardObserver {
   // Router logits of one MoE layer: n_tokens rows of num_experts. moe_index counts MoE layers only.
   virtual void on_router_logits(int /*layer*/, int /*moe_index*/, const float* /*logits*/,
                                 int /*n_tokens*/, int /*num_experts*/) {}
+  // One routed expert's output for the tokens routed to it (before the gate): rows.size() x hidden.
+  virtual void on_expert_output(int /*layer*/, int /*expert*/, const std::vector<int32_t>& /*rows*/,
+                                const std::vector<float>& /*gates*/, const float* /*output*/,
+                                int /*hidden*/) {}
+  // An MoE layer after routing: the cache holds this batch's K/V with their routing metadata; q is
+  // the batch's post-RoPE queries [n, q_dim]; experts and gates are [n, top_k], best first.
+  virtual void on_layer_routed(int /*layer*/, const ForwardBatch& /*batch*/,
+                               const KvCache& /*cache*/, const float* /*q*/,
+                               const int32_t* /*experts*/, const float* /*gates*/, int /*top_k*/) {}
 };
 
 class Forward {
@@ -42,6 +51,9 @@ class Forward {
   // Appends the batch's K/V to the cache, advances each sequence's position, and returns
   // logits [rows, vocab] for batch.logit_rows (all tokens when empty).
   std::vector<float> run(const ForwardBatch& batch, ForwardObserver* observer = nullptr);
+  // Drops one routed expert's output at one layer (calibration's loss-contribution ablation);
+  // layer -1 restores the model.
+  void disable_expert(int layer, int expert) { disabled_ = {layer, expert}; }
 
  private:
   void attention_block(int layer, const ForwardBatch& batch, const float* x, float* out);
@@ -53,6 +65,8 @@ class Forward {
   cpu::Rope rope_;
   // The slot each token's K/V took in each KV head at the current layer: [token][kv head].
   std::vector<int32_t> slots_;
+  std::vector<float> q_;  // the current layer's post-RoPE queries, for observers
+  std::pair<int, int> disabled_{-1, -1};
 };
 
 // Checks token ids against the vocabulary and positions against the context; throws

@@ -1,0 +1,340 @@
+#include "budget/calibration.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+
+#include "core/error.h"
+#include "io/json_file.h"
+#include "model/forward.h"
+
+namespace ekva {
+namespace {
+
+using nlohmann::json;
+
+// Budgets as fractions of the keys a query sees; the plan interpolates between them.
+const std::vector<double> kGrid = {0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0};
+
+class StatsObserver : public ForwardObserver {
+ public:
+  StatsObserver(const ModelSpec& spec, const CalibrationOptions& options, CalibrationStats& stats)
+      : spec_(spec), options_(options), stats_(stats) {}
+
+  void on_expert_output(int layer, int expert, const std::vector<int32_t>& rows,
+                        const std::vector<float>& gates, const float* y, int hidden) override {
+    double sum = 0.0;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      double ss = 0.0;
+      for (int j = 0; j < hidden; ++j)
+        ss += static_cast<double>(y[i * hidden + j]) * y[i * hidden + j];
+      sum += gates[i] * std::sqrt(ss);
+    }
+    stats_.output_norm[stats_.le(layer, expert)] += sum;
+  }
+
+  void on_layer_routed(int layer, const ForwardBatch& batch, const KvCache& cache, const float* q,
+                       const int32_t* experts, const float* gates, int top_k) override {
+    const int E = spec_.num_experts, n = batch.size();
+    for (int t = 0; t < n; ++t) {
+      const int32_t* ex = experts + static_cast<size_t>(t) * top_k;
+      stats_.routing_primary[stats_.le(layer, ex[0])] += 1;
+      for (int i = 0; i < top_k; ++i) {
+        stats_.routing_topk[stats_.le(layer, ex[i])] += 1;
+        stats_.gate_mass[stats_.le(layer, ex[i])] += gates[static_cast<size_t>(t) * top_k + i];
+        for (int j = i + 1; j < top_k; ++j) {
+          stats_.coroute[(static_cast<size_t>(layer) * E + ex[i]) * E + ex[j]] += 1;
+          stats_.coroute[(static_cast<size_t>(layer) * E + ex[j]) * E + ex[i]] += 1;
+        }
+      }
+    }
+    attention_stats(layer, batch, cache, q, experts, top_k);
+  }
+
+ private:
+  // Recomputes the attention of the observation queries now that every key's expert is known.
+  void attention_stats(int layer, const ForwardBatch& batch, const KvCache& cache, const float* q,
+                       const int32_t* experts, int top_k) {
+    const int H = spec_.num_kv_heads, group = spec_.num_heads / H, d = spec_.head_dim,
+              E = spec_.num_experts;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+    const int page = cache.page_size();
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int h = 0; h < H; ++h) {
+      std::vector<float> w, p;
+      std::vector<std::vector<float>> by_expert(E);
+      for (int t = 0; t < batch.size(); t += options_.query_stride) {
+        const HeadTable& table = cache.table(batch.seq[t], layer, h);
+        const int len = table.size();
+        int visible = 0;
+        for (int i = 0; i < len; ++i) visible += table.meta[i].position <= batch.pos[t] ? 1 : 0;
+        if (visible < options_.min_keys) continue;
+        w.assign(len, 0.0f);
+        p.resize(len);
+        double entropy = 0.0;
+        for (int qh = h * group; qh < (h + 1) * group; ++qh) {
+          const float* qv = q + (static_cast<size_t>(t) * spec_.num_heads + qh) * d;
+          float mx = -std::numeric_limits<float>::infinity();
+          for (int i = 0; i < len; ++i) {
+            if (table.meta[i].position > batch.pos[t]) {
+              p[i] = -std::numeric_limits<float>::infinity();
+              continue;
+            }
+            const float* k =
+                cache.pool().keys(table.pages[i / page]) + static_cast<size_t>(i % page) * d;
+            float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+            for (int j = 0; j < d; ++j) dot += qv[j] * k[j];
+            p[i] = dot * scale;
+            mx = std::max(mx, p[i]);
+          }
+          double sum = 0.0;
+          for (int i = 0; i < len; ++i) sum += p[i] = std::isinf(p[i]) ? 0.0f : std::exp(p[i] - mx);
+          for (int i = 0; i < len; ++i) {
+            const double pi = p[i] / sum;
+            if (pi > 0) entropy -= pi * std::log(pi);
+            w[i] += static_cast<float>(pi / group);
+          }
+        }
+        const int expert_t = experts[static_cast<size_t>(t) * top_k];
+        stats_.entropy_sum[stats_.lhe(layer, h, expert_t)] += entropy / group;
+        stats_.entropy_count[stats_.lhe(layer, h, expert_t)] += 1;
+        for (auto& v : by_expert) v.clear();
+        for (int i = 0; i < len; ++i) {
+          if (table.meta[i].position <= batch.pos[t] && table.meta[i].expert >= 0) {
+            by_expert[table.meta[i].expert].push_back(w[i]);
+          }
+        }
+        for (int e = 0; e < E; ++e) {
+          auto& v = by_expert[e];
+          stats_.key_share_sum[stats_.lhe(layer, h, e)] += static_cast<double>(v.size()) / visible;
+          std::sort(v.begin(), v.end(), std::greater<>());
+          double cum = 0.0;
+          size_t taken = 0;
+          for (size_t g = 0; g < kGrid.size(); ++g) {
+            const size_t b =
+                std::min(v.size(), static_cast<size_t>(std::lround(kGrid[g] * visible)));
+            for (; taken < b; ++taken) cum += v[taken];
+            stats_.retention_sum[stats_.lhe(layer, h, e) * kGrid.size() + g] += cum;
+          }
+        }
+        stats_.queries[static_cast<size_t>(layer) * H + h] += 1;
+      }
+    }
+  }
+
+  const ModelSpec& spec_;
+  const CalibrationOptions& options_;
+  CalibrationStats& stats_;
+};
+
+std::vector<float> run_chunk(const Model& model, const std::vector<int32_t>& chunk,
+                             ForwardObserver* observer, int disabled_layer = -1,
+                             int disabled_expert = -1) {
+  KvCache cache(model.spec(), 1);
+  Forward forward(model, cache);
+  forward.disable_expert(disabled_layer, disabled_expert);
+  ForwardBatch b;
+  for (size_t i = 0; i < chunk.size(); ++i) b.add(chunk[i], 0, static_cast<int32_t>(i));
+  return forward.run(b, observer);
+}
+
+}  // namespace
+
+double next_token_loss(const std::vector<float>& logits, const std::vector<int32_t>& tokens,
+                       int vocab) {
+  double total = 0.0;
+  const size_t n = tokens.size();
+  for (size_t t = 0; t + 1 < n; ++t) {
+    const float* row = logits.data() + t * vocab;
+    const float mx = *std::max_element(row, row + vocab);
+    double sum = 0.0;
+    for (int v = 0; v < vocab; ++v) sum += std::exp(row[v] - mx);
+    total += std::log(sum) + mx - row[tokens[t + 1]];
+  }
+  return n > 1 ? total / static_cast<double>(n - 1) : 0.0;
+}
+
+double CalibrationStats::retention(int l, int h, int e, size_t g) const {
+  const double q = queries[static_cast<size_t>(l) * num_kv_heads + h];
+  return q > 0 ? retention_sum[lhe(l, h, e) * grid.size() + g] / q : 0.0;
+}
+
+double CalibrationStats::mean_entropy(int l, int h, int e) const {
+  const double c = entropy_count[lhe(l, h, e)];
+  return c > 0 ? entropy_sum[lhe(l, h, e)] / c : 0.0;
+}
+
+double CalibrationStats::key_share(int l, int h, int e) const {
+  const double q = queries[static_cast<size_t>(l) * num_kv_heads + h];
+  return q > 0 ? key_share_sum[lhe(l, h, e)] / q : 0.0;
+}
+
+CalibrationStats calibrate(const Model& model, const std::vector<std::vector<int32_t>>& chunks,
+                           const CalibrationOptions& options, const CalibrationProgress& progress) {
+  const ModelSpec& s = model.spec();
+  if (chunks.empty())
+    fail(ErrorKind::kInvalidArgument, "calibration needs at least one chunk of tokens");
+  if (options.query_stride < 1 || options.min_keys < 1) {
+    fail(ErrorKind::kInvalidArgument, "calibration: query stride and min keys must be >= 1");
+  }
+  CalibrationStats st;
+  st.model_type = s.model_type;
+  st.num_layers = s.num_layers;
+  st.num_kv_heads = s.num_kv_heads;
+  st.num_experts = s.num_experts;
+  st.grid = kGrid;
+  st.chunk_tokens = options.chunk_tokens;
+  const size_t LE = static_cast<size_t>(s.num_layers) * s.num_experts;
+  const size_t LHE = LE * s.num_kv_heads;
+  for (auto* v : {&st.routing_primary, &st.routing_topk, &st.gate_mass, &st.output_norm})
+    v->assign(LE, 0.0);
+  st.coroute.assign(LE * s.num_experts, 0.0);
+  for (auto* v : {&st.entropy_sum, &st.entropy_count, &st.key_share_sum}) v->assign(LHE, 0.0);
+  st.retention_sum.assign(LHE * kGrid.size(), 0.0);
+  st.queries.assign(static_cast<size_t>(s.num_layers) * s.num_kv_heads, 0.0);
+  for (int l = 0; l < s.num_layers; ++l) st.moe.push_back(s.layer_is_moe[l] ? 1 : 0);
+
+  using Clock = std::chrono::steady_clock;
+  auto t0 = Clock::now();
+  StatsObserver observer(s, options, st);
+  double loss = 0.0;
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    if (static_cast<int64_t>(chunks[c].size()) > s.max_position) {
+      fail(ErrorKind::kInvalidArgument,
+           "calibration chunk of {} tokens exceeds the model's context of {}", chunks[c].size(),
+           s.max_position);
+    }
+    loss += next_token_loss(run_chunk(model, chunks[c], &observer), chunks[c], s.vocab_size);
+    st.tokens += static_cast<int64_t>(chunks[c].size());
+    if (progress) progress(static_cast<int>(c + 1), static_cast<int>(chunks.size()), "statistics");
+  }
+  st.chunks = static_cast<int>(chunks.size());
+  st.base_loss = loss / chunks.size();
+  st.stats_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  for (size_t i = 0; i < LE; ++i)
+    st.output_norm[i] = st.routing_topk[i] > 0 ? st.output_norm[i] / st.routing_topk[i] : 0.0;
+
+  if (options.ablation) {
+    t0 = Clock::now();
+    st.loss_contribution.assign(LE, 0.0);
+    const int passes = s.num_moe_layers() * s.num_experts;
+    int done = 0;
+    for (int l = 0; l < s.num_layers; ++l) {
+      if (!s.layer_is_moe[l]) continue;
+      for (int e = 0; e < s.num_experts; ++e) {
+        double ablated = 0.0;
+        for (const auto& chunk : chunks)
+          ablated += next_token_loss(run_chunk(model, chunk, nullptr, l, e), chunk, s.vocab_size);
+        st.loss_contribution[st.le(l, e)] = ablated / chunks.size() - st.base_loss;
+        if (progress) progress(++done, passes, "ablation");
+      }
+    }
+    st.ablation_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+  return st;
+}
+
+json CalibrationStats::to_json() const {
+  return {{"format", "ekva.calibration_stats"},
+          {"version", kVersion},
+          {"model",
+           {{"model_type", model_type},
+            {"num_layers", num_layers},
+            {"num_kv_heads", num_kv_heads},
+            {"num_experts", num_experts}}},
+          {"grid", grid},
+          {"tokens", tokens},
+          {"chunks", chunks},
+          {"chunk_tokens", chunk_tokens},
+          {"base_loss", base_loss},
+          {"stats_seconds", stats_seconds},
+          {"ablation_seconds", ablation_seconds},
+          {"moe", moe},
+          {"routing_primary", routing_primary},
+          {"routing_topk", routing_topk},
+          {"gate_mass", gate_mass},
+          {"output_norm", output_norm},
+          {"loss_contribution", loss_contribution},
+          {"coroute", coroute},
+          {"entropy_sum", entropy_sum},
+          {"entropy_count", entropy_count},
+          {"key_share_sum", key_share_sum},
+          {"retention_sum", retention_sum},
+          {"queries", queries}};
+}
+
+CalibrationStats CalibrationStats::from_json(const json& j, const std::string& source) {
+  try {
+    if (j.at("format") != "ekva.calibration_stats") {
+      fail(ErrorKind::kInvalidFile, "{}: format is not 'ekva.calibration_stats'", source);
+    }
+    if (j.at("version").get<int>() != kVersion) {
+      fail(ErrorKind::kUnsupported, "{}: calibration stats version {} (this build reads {})",
+           source, j.at("version").dump(), kVersion);
+    }
+    CalibrationStats s;
+    const json& m = j.at("model");
+    s.model_type = m.at("model_type").get<std::string>();
+    s.num_layers = m.at("num_layers").get<int>();
+    s.num_kv_heads = m.at("num_kv_heads").get<int>();
+    s.num_experts = m.at("num_experts").get<int>();
+    if (s.num_layers <= 0 || s.num_kv_heads <= 0 || s.num_experts <= 0) {
+      fail(ErrorKind::kInvalidFile, "{}: model shape must be positive", source);
+    }
+    s.grid = j.at("grid").get<std::vector<double>>();
+    s.tokens = j.at("tokens").get<int64_t>();
+    s.chunks = j.at("chunks").get<int>();
+    s.chunk_tokens = j.at("chunk_tokens").get<int>();
+    s.base_loss = j.at("base_loss").get<double>();
+    s.stats_seconds = j.at("stats_seconds").get<double>();
+    s.ablation_seconds = j.at("ablation_seconds").get<double>();
+    s.moe = j.at("moe").get<std::vector<uint8_t>>();
+    const size_t LE = static_cast<size_t>(s.num_layers) * s.num_experts, LHE = LE * s.num_kv_heads;
+    auto vec = [&](const char* key, size_t size, bool optional = false) {
+      auto v = j.at(key).get<std::vector<double>>();
+      if (v.size() != size && !(optional && v.empty())) {
+        fail(ErrorKind::kInvalidFile, "{}: '{}' has {} entries, the model shape needs {}", source,
+             key, v.size(), size);
+      }
+      return v;
+    };
+    s.routing_primary = vec("routing_primary", LE);
+    s.routing_topk = vec("routing_topk", LE);
+    s.gate_mass = vec("gate_mass", LE);
+    s.output_norm = vec("output_norm", LE);
+    s.loss_contribution = vec("loss_contribution", LE, true);
+    s.coroute = vec("coroute", LE * s.num_experts);
+    s.entropy_sum = vec("entropy_sum", LHE);
+    s.entropy_count = vec("entropy_count", LHE);
+    s.key_share_sum = vec("key_share_sum", LHE);
+    s.retention_sum = vec("retention_sum", LHE * s.grid.size());
+    s.queries = vec("queries", static_cast<size_t>(s.num_layers) * s.num_kv_heads);
+    if (s.moe.size() != static_cast<size_t>(s.num_layers))
+      fail(ErrorKind::kInvalidFile, "{}: 'moe' must list every layer", source);
+    return s;
+  } catch (const json::exception& e) {
+    fail(ErrorKind::kInvalidFile, "{}: malformed calibration stats: {}", source, e.what());
+  }
+}
+
+CalibrationStats CalibrationStats::load(const std::filesystem::path& path) {
+  return from_json(read_json_file(path), path.string());
+}
+
+void CalibrationStats::save(const std::filesystem::path& path) const {
+  write_text_file(path, to_json().dump() + "\n");
+}
+
+void CalibrationStats::check_model(const ModelSpec& spec) const {
+  if (spec.model_type != model_type || spec.num_layers != num_layers ||
+      spec.num_kv_heads != num_kv_heads || spec.num_experts != num_experts) {
+    fail(ErrorKind::kInvalidArgument,
+         "calibration stats are for a {} model with {} layers, {} KV heads and {} experts, not "
+         "this {} model",
+         model_type, num_layers, num_kv_heads, num_experts, spec.model_type);
+  }
+}
+
+}  // namespace ekva

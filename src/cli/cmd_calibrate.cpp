@@ -1,0 +1,160 @@
+#include <fmt/core.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "budget/allocator.h"
+#include "budget/calibration.h"
+#include "cli/commands.h"
+#include "core/error.h"
+#include "tokenizer/tokenizer.h"
+
+namespace ekva::cli {
+namespace {
+
+struct CalibrateArgs {
+  std::string model_dir;
+  std::vector<std::string> data;
+  int64_t tokens = 8192;
+  int chunk = 512;
+  bool ablation = false;
+  std::string out;
+  bool json = false;
+};
+
+std::vector<std::vector<int32_t>> chunks_of(const CalibrateArgs& a, const Tokenizer& tokenizer,
+                                            int max_position) {
+  if (a.chunk < 2 || a.chunk > max_position) {
+    fail(ErrorKind::kInvalidArgument, "--chunk {} must be in [2, {}] (the model's context)",
+         a.chunk, max_position);
+  }
+  std::vector<int32_t> ids;
+  for (const std::string& file : a.data) {
+    std::ifstream in(file, std::ios::binary);
+    if (!in) fail(ErrorKind::kNotFound, "--data: cannot open {}", file);
+    std::stringstream text;
+    text << in.rdbuf();
+    const std::vector<int32_t> part = tokenizer.encode(text.str(), false);
+    ids.insert(ids.end(), part.begin(), part.end());
+    if (static_cast<int64_t>(ids.size()) >= a.tokens) break;
+  }
+  std::vector<std::vector<int32_t>> chunks;
+  for (size_t i = 0;
+       i + a.chunk <= ids.size() && static_cast<int64_t>((chunks.size() + 1) * a.chunk) <= a.tokens;
+       i += a.chunk) {
+    chunks.emplace_back(ids.begin() + static_cast<ptrdiff_t>(i),
+                        ids.begin() + static_cast<ptrdiff_t>(i + a.chunk));
+  }
+  if (chunks.empty()) {
+    fail(ErrorKind::kInvalidArgument, "--data holds {} tokens, fewer than one chunk of {}",
+         ids.size(), a.chunk);
+  }
+  return chunks;
+}
+
+int run_calibrate(const CalibrateArgs& a) {
+  const auto model = Model::load(a.model_dir);
+  if (!has_tokenizer(a.model_dir)) {
+    fail(ErrorKind::kNotFound, "{}: no tokenizer.json or tokenizer.model to read --data with",
+         a.model_dir);
+  }
+  const auto chunks = chunks_of(a, *load_tokenizer(a.model_dir), model->spec().max_position);
+  CalibrationOptions options;
+  options.chunk_tokens = a.chunk;
+  options.ablation = a.ablation;
+  const CalibrationStats stats =
+      calibrate(*model, chunks, options, [](int done, int total, const std::string& pass) {
+        fmt::print(stderr, "\rcalibrate {:<10} [{:<30}] {}/{}", pass,
+                   std::string(30 * done / total, '#'), done, total);
+        if (done == total) fmt::print(stderr, "\n");
+      });
+  stats.save(a.out);
+  const nlohmann::json summary = {{"out", a.out},
+                                  {"tokens", stats.tokens},
+                                  {"chunks", stats.chunks},
+                                  {"base_loss", stats.base_loss},
+                                  {"stats_seconds", stats.stats_seconds},
+                                  {"ablation_seconds", stats.ablation_seconds}};
+  if (a.json) {
+    fmt::print("{}\n", summary.dump());
+  } else {
+    fmt::print("calibrated on {} tokens ({} chunks): loss {:.4f}, {:.1f} s{}; wrote {}\n",
+               stats.tokens, stats.chunks, stats.base_loss, stats.stats_seconds,
+               a.ablation ? fmt::format(", ablation {:.1f} s", stats.ablation_seconds) : "", a.out);
+  }
+  return 0;
+}
+
+struct PlanArgs {
+  std::string stats;
+  double budget = 0.2;
+  std::string allocator = "greedy";
+  std::string scope = "joint";
+  double floor = 0.0;
+  int groups = 0;
+  std::string model_dir;
+  std::string out;
+  bool json = false;
+};
+
+int run_plan(const PlanArgs& a) {
+  const CalibrationStats stats = CalibrationStats::load(a.stats);
+  if (!a.model_dir.empty()) stats.check_model(Model::load(a.model_dir)->spec());
+  PlanOptions o;
+  o.allocator = parse_allocator(a.allocator);
+  o.scope = parse_scope(a.scope);
+  o.budget = a.budget;
+  o.floor = a.floor;
+  o.groups = a.groups;
+  BudgetPlan plan = make_plan(stats, o);
+  plan.provenance["stats_file"] = a.stats;
+  plan.save(a.out);
+  if (a.json) {
+    fmt::print("{}\n", nlohmann::json{{"out", a.out}, {"provenance", plan.provenance}}.dump());
+  } else {
+    fmt::print(
+        "{} plan ({} scope) at budget {}: predicted retained attention mass {:.3f}; wrote {}\n",
+        a.allocator, a.scope, a.budget, plan.provenance["predicted_retained_mass"].get<double>(),
+        a.out);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_calibrate(CLI::App& app, Action& action) {
+  auto* cmd = app.add_subcommand("calibrate",
+                                 "Measure routing and attention statistics over calibration text");
+  auto a = std::make_shared<CalibrateArgs>();
+  cmd->add_option("--model", a->model_dir, "Model directory (with its tokenizer)")->required();
+  cmd->add_option("--data", a->data, "UTF-8 text files")->required()->expected(1, -1);
+  cmd->add_option("--tokens", a->tokens, "Calibration tokens at most")->capture_default_str();
+  cmd->add_option("--chunk", a->chunk, "Tokens per prefill chunk")->capture_default_str();
+  cmd->add_flag("--ablation", a->ablation,
+                "Also measure each expert's loss contribution (extra passes)");
+  cmd->add_option("--out", a->out, "Statistics JSON to write")->required();
+  cmd->add_flag("--json", a->json, "Print a JSON summary");
+  cmd->callback([&action, a] { action = [a] { return run_calibrate(*a); }; });
+}
+
+void add_plan(CLI::App& app, Action& action) {
+  auto* cmd = app.add_subcommand("plan", "Turn calibration statistics into a BudgetPlan");
+  auto a = std::make_shared<PlanArgs>();
+  cmd->add_option("--stats", a->stats, "Statistics from ekva calibrate")->required();
+  cmd->add_option("--budget", a->budget, "Per (layer, KV head): a fraction (0.2) or tokens (512)")
+      ->required();
+  cmd->add_option("--allocator", a->allocator, "uniform, pyramid, proportional or greedy")
+      ->capture_default_str();
+  cmd->add_option("--scope", a->scope, "layer, head, expert or joint")->capture_default_str();
+  cmd->add_option("--floor", a->floor, "Least budget of each group, in the budget's unit")
+      ->capture_default_str();
+  cmd->add_option("--groups", a->groups, "Expert groups per layer (0: one per expert)")
+      ->capture_default_str();
+  cmd->add_option("--model", a->model_dir, "Check the statistics against this model");
+  cmd->add_option("--out", a->out, "BudgetPlan JSON to write")->required();
+  cmd->add_flag("--json", a->json, "Print a JSON summary");
+  cmd->callback([&action, a] { action = [a] { return run_plan(*a); }; });
+}
+
+}  // namespace ekva::cli
