@@ -126,8 +126,15 @@ void BM_BytesPerRetainedToken(benchmark::State& state) {
 }  // namespace
 }  // namespace ekva
 
-// Arg: 0 = full (no bookkeeping, 16k retained), 1 = h2o, 2 = ekva (4k retained per KV head).
-BENCHMARK(ekva::BM_DecodeStep)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMicrosecond)->MinTime(2.0);
+// Arg: 0 = full (no bookkeeping, 16k retained), 1 = h2o, 2 = ekva, 3 = ekva-online (4k retained per
+// KV head).
+BENCHMARK(ekva::BM_DecodeStep)
+    ->Arg(0)
+    ->Arg(1)
+    ->Arg(2)
+    ->Arg(3)
+    ->Unit(benchmark::kMicrosecond)
+    ->MinTime(2.0);
 BENCHMARK(ekva::BM_AttentionOnly)
     ->Args({4097, 0})
     ->Args({4097, 1})

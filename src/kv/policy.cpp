@@ -41,17 +41,18 @@ uint64_t mix(uint64_t x) {  // splitmix64 finaliser: a stable hash for the rando
 }  // namespace
 
 const std::vector<std::string>& KvPolicy::names() {
-  static const std::vector<std::string> n = {"full",   "streaming",          "h2o",
-                                             "snapkv", "pyramidkv",          "adakv",
-                                             "ekva",   "ekva-random-groups", "ekva-nogroup"};
+  static const std::vector<std::string> n = {
+      "full", "streaming",          "h2o",          "snapkv",     "pyramidkv", "adakv",
+      "ekva", "ekva-random-groups", "ekva-nogroup", "ekva-online"};
   return n;
 }
 
 KvPolicy::KvPolicy(const PolicyOptions& options, const ModelSpec& spec)
     : options_(options), num_layers_(spec.num_layers), num_kv_heads_(spec.num_kv_heads) {
-  static const Kind kinds[] = {Kind::kFull,   Kind::kStreaming,        Kind::kH2o,
-                               Kind::kSnapKv, Kind::kPyramidKv,        Kind::kAdaKv,
-                               Kind::kEkva,   Kind::kEkvaRandomGroups, Kind::kEkvaNoGroup};
+  static const Kind kinds[] = {Kind::kFull,      Kind::kStreaming,        Kind::kH2o,
+                               Kind::kSnapKv,    Kind::kPyramidKv,        Kind::kAdaKv,
+                               Kind::kEkva,      Kind::kEkvaRandomGroups, Kind::kEkvaNoGroup,
+                               Kind::kEkvaOnline};
   const auto it = std::find(names().begin(), names().end(), options.name);
   if (it == names().end()) {
     fail(ErrorKind::kInvalidArgument, "unknown KV policy '{}' (known: {})", options.name,
@@ -63,7 +64,7 @@ KvPolicy::KvPolicy(const PolicyOptions& options, const ModelSpec& spec)
          "KV budget {} must be a fraction in (0, 1] or a token count > 1", options.budget);
   }
   if (options.window < 0 || options.sinks < 0 || options.pool_kernel < 1 || options.ada_floor < 0 ||
-      options.ada_floor > 1) {
+      options.ada_floor > 1 || options.refresh < 1) {
     fail(ErrorKind::kInvalidArgument,
          "KV policy: window, sinks must be >= 0, pool kernel >= 1, ada floor in [0, 1]");
   }
@@ -167,6 +168,7 @@ void KvPolicy::plan_budgets(const KvCache& cache, int seq, int prompt_len) {
     case Kind::kEkva:
     case Kind::kEkvaRandomGroups:
     case Kind::kEkvaNoGroup:
+    case Kind::kEkvaOnline:
       if (options_.plan) {
         // The plan's relative shares over (layer, head), scaled to the requested mean budget.
         std::vector<double> w(static_cast<size_t>(L) * H);
@@ -316,10 +318,29 @@ int KvPolicy::victim(const KvCache& cache, int seq, int layer, int kv_head) cons
   return best;
 }
 
+void KvPolicy::refresh_group_budgets(const KvCache& cache, int seq) {
+  const int G = num_groups_;
+  SequenceBudgets& b = budgets_[seq];
+  for (int l = 0; l < num_layers_; ++l) {
+    for (int h = 0; h < num_kv_heads_; ++h) {
+      std::vector<double> mass(G, 1e-6);  // a group that drew nothing keeps a share of zero tokens
+      for (const TokenMeta& m : cache.table(seq, l, h).meta) mass[group_of(l, m)] += m.score;
+      const int head = b.head[static_cast<size_t>(l) * num_kv_heads_ + h];
+      const std::vector<int> q =
+          apportion(std::max(0, head - std::min(options_.window, head)), mass);
+      std::copy(q.begin(), q.end(),
+                b.group.begin() + (static_cast<ptrdiff_t>(l) * num_kv_heads_ + h) * G);
+    }
+  }
+}
+
 void KvPolicy::evict(KvCache& cache, int seq) {
   if (kind_ == Kind::kFull) return;
   if (seq >= static_cast<int>(budgets_.size()) || budgets_[seq].head.empty()) {
     fail(ErrorKind::kInvalidArgument, "KV policy: sequence {} was never compressed", seq);
+  }
+  if (kind_ == Kind::kEkvaOnline && ++budgets_[seq].steps % options_.refresh == 0) {
+    refresh_group_budgets(cache, seq);
   }
   for (int l = 0; l < num_layers_; ++l) {
     for (int h = 0; h < num_kv_heads_; ++h) {

@@ -22,6 +22,7 @@ struct PolicyOptions {
   int sinks = 4;           // streaming: the first tokens, always kept
   int pool_kernel = 7;     // SnapKV: max-pool width over positions
   double ada_floor = 0.2;  // Ada-KV: each head keeps at least this share of the mean head budget
+  int refresh = 64;        // ekva-online: decode steps between group-budget refreshes
   std::optional<BudgetPlan> plan;  // ekva and its ablations: budgets per (layer, head, group)
   uint64_t seed = 0;               // ekva-random-groups: the random expert labels
 };
@@ -57,15 +58,21 @@ class KvPolicy {
     kAdaKv,
     kEkva,
     kEkvaRandomGroups,
-    kEkvaNoGroup
+    kEkvaNoGroup,
+    kEkvaOnline
   };
   struct SequenceBudgets {
     std::vector<int> head;   // [layer][kv head]
     std::vector<int> group;  // [layer][kv head][group]; empty unless grouped
+    int steps = 0;           // decode steps since compression
   };
 
   int group_of(int layer, const TokenMeta& meta) const;
-  bool grouped() const { return kind_ == Kind::kEkva || kind_ == Kind::kEkvaRandomGroups; }
+  bool grouped() const {
+    return kind_ == Kind::kEkva || kind_ == Kind::kEkvaRandomGroups || kind_ == Kind::kEkvaOnline;
+  }
+  // ekva-online: group budgets follow the attention mass each group's retained tokens drew so far.
+  void refresh_group_budgets(const KvCache& cache, int seq);
   void plan_budgets(const KvCache& cache, int seq, int prompt_len);
   std::vector<int> select(const KvCache& cache, int seq, int layer, int kv_head, int prompt_len,
                           int keep) const;

@@ -242,3 +242,35 @@ TEST(Policy, LongDecodeWithEvictionHoldsMemoryFlat) {
 
 }  // namespace
 }  // namespace ekva
+
+namespace ekva {
+namespace {
+
+// ekva-online moves group budgets during decode and still holds each head's total exactly.
+TEST(Policy, OnlineRefreshKeepsHeadTotals) {
+  const auto model = Model::load(kQwen2);
+  const ModelSpec& s = model->spec();
+  PolicyOptions o;
+  o.name = "ekva-online";
+  o.budget = 0.25;
+  o.refresh = 4;
+  KvPolicy policy(o, s);
+  KvCache cache(s, 1);
+  prefill(*model, cache, policy, prompt_of(200));
+  Forward forward(*model, cache);
+  for (int step = 0; step < 30; ++step) {
+    ForwardBatch b;
+    b.add(7 + step, 0, cache.next_position(0));
+    b.score_query = {1};
+    forward.run(b);
+    policy.evict(cache, 0);
+    for (int l = 0; l < s.num_layers; ++l)
+      for (int h = 0; h < s.num_kv_heads; ++h)
+        EXPECT_EQ(cache.table(0, l, h).size(), policy.head_budget(0, l, h));
+  }
+  o.refresh = 0;
+  EXPECT_THROW(KvPolicy(o, s), Error);
+}
+
+}  // namespace
+}  // namespace ekva
