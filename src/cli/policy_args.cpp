@@ -26,6 +26,7 @@ PolicyOptions make_policy_options(const PolicyArgs& args, const ModelSpec& spec)
   o.budget = args.kv_budget;
   o.window = args.window;
   o.sinks = args.sinks;
+  o.refresh = args.refresh;
   if (!args.plan.empty()) {
     o.plan = BudgetPlan::load(args.plan);
     o.plan->check_model(spec);

@@ -13,6 +13,7 @@ struct PolicyArgs {
   std::string plan;
   int window = 16;
   int sinks = 4;
+  int refresh = 64;
 };
 
 void add_policy_options(CLI::App* cmd, PolicyArgs& args);
