@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "tokenizer/json_fields.h"
+#include "tokenizer/pre_tokenizer.h"
 #include "tokenizer/utf8.h"
 
 namespace ekva {
@@ -138,6 +139,18 @@ const std::string* BpeModel::id_to_token(int32_t id) const {
   return &tokens_[id];
 }
 
+void BpeModel::take_raw_bytes() {
+  raw_bytes_ = true;
+  cut_at_word_marker_ = false;
+  const auto& alphabet = byte_level_alphabet();
+  raw_bytes_direct_ =
+      !ignore_merges_ && continuing_subword_prefix_.empty() && end_of_word_suffix_.empty();
+  for (int b = 0; b < 256; ++b) {
+    byte_level_ids_[b] = token_to_id(alphabet[b]).value_or(-1);
+    if (byte_level_ids_[b] < 0) raw_bytes_direct_ = false;
+  }
+}
+
 void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& ids) const {
   if (!cut_at_word_marker_) {
     encode_piece(word, ids);
@@ -159,16 +172,26 @@ void BpeModel::encode_piece(std::string_view word, std::vector<int32_t>& ids) co
   const uint64_t hash = std::hash<std::string_view>{}(word) | 1;
   if (cacheable && cache_.append(word, hash, ids)) return;
   const size_t first = ids.size();
-  const auto whole = ignore_merges_ ? token_to_id(word) : std::nullopt;
-  if (whole) {
-    ids.push_back(*whole);
+  thread_local std::vector<int32_t> symbols;
+  symbols.clear();
+  if (raw_bytes_direct_) {
+    for (const char c : word) symbols.push_back(byte_level_ids_[static_cast<unsigned char>(c)]);
   } else {
-    thread_local std::vector<int32_t> symbols;
-    symbols.clear();
-    initial_symbols(word, symbols);
-    apply_merges(symbols);
-    ids.insert(ids.end(), symbols.begin(), symbols.end());
+    std::string mapped;
+    if (raw_bytes_) {
+      const auto& alphabet = byte_level_alphabet();
+      for (const char c : word) mapped += alphabet[static_cast<unsigned char>(c)];
+    }
+    const std::string_view text = raw_bytes_ ? std::string_view(mapped) : word;
+    const auto whole = ignore_merges_ ? token_to_id(text) : std::nullopt;
+    if (whole) {
+      symbols.push_back(*whole);
+    } else {
+      initial_symbols(text, symbols);
+    }
   }
+  apply_merges(symbols);
+  ids.insert(ids.end(), symbols.begin(), symbols.end());
   if (cacheable) cache_.insert(word, hash, std::span(ids).subspan(first));
 }
 

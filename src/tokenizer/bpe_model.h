@@ -21,6 +21,10 @@ class BpeModel {
   // Appends the ids of one pre-tokenized word.
   void encode_word(std::string_view word, std::vector<int32_t>& ids) const;
 
+  // From now on encode_word takes raw bytes and maps them to the byte-level alphabet itself, so
+  // that words found in the cache skip the mapping. Call before encoding anything.
+  void take_raw_bytes();
+
   std::optional<int32_t> token_to_id(std::string_view token) const;
   // nullptr for an id that no token has.
   const std::string* id_to_token(int32_t id) const;
@@ -80,6 +84,11 @@ class BpeModel {
   std::string continuing_subword_prefix_;
   std::string end_of_word_suffix_;
   int32_t byte_ids_[256];  // <0xHH> tokens for byte fallback; -1 where absent
+  // Ids of the byte-level alphabet's 256 characters; -1 where absent.
+  int32_t byte_level_ids_[256];
+  bool raw_bytes_ = false;
+  // Whether a raw-byte word's initial symbols are just byte_level_ids_ of its bytes.
+  bool raw_bytes_direct_ = false;
   // Ids of single-character tokens by code point in the Basic Multilingual Plane; -1 where absent.
   std::vector<int32_t> char_ids_;
   // Whether words may be cut before each "▁" that follows other text: true when no token holds

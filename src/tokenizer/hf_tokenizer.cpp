@@ -138,6 +138,7 @@ HfTokenizer::HfTokenizer(const nlohmann::json& spec, const std::string& where,
   if (const auto* p = component("pre_tokenizer")) {
     pre_tokenizer_ = make_pre_tokenizer(*p, where + ": pre_tokenizer");
   }
+  if (pre_tokenizer_ && pre_tokenizer_->leave_byte_mapping_to_model()) model_.take_raw_bytes();
   if (const auto* d = component("decoder")) decoder_ = make_decoder(*d, where + ": decoder");
 
   if (const auto* added = component("added_tokens")) {

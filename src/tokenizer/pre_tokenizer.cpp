@@ -135,6 +135,7 @@ class ByteLevelPreTokenizer : public PreTokenizer {
       }
     }
     if (regex_) split_words(words, *regex_, false, SplitBehavior::kIsolated);
+    if (!map_bytes_) return;
     const auto& alphabet = byte_level_alphabet();
     for (PreToken& word : words) {
       std::string mapped;
@@ -144,8 +145,14 @@ class ByteLevelPreTokenizer : public PreTokenizer {
     }
   }
 
+  bool leave_byte_mapping_to_model() override {
+    map_bytes_ = false;
+    return true;
+  }
+
  private:
   bool add_prefix_space_;
+  bool map_bytes_ = true;
   std::unique_ptr<Pattern> regex_;
 };
 
@@ -253,6 +260,10 @@ class SequencePreTokenizer : public PreTokenizer {
 
   void pre_tokenize(std::vector<PreToken>& words) const override {
     for (const auto& part : parts_) part->pre_tokenize(words);
+  }
+
+  bool leave_byte_mapping_to_model() override {
+    return !parts_.empty() && parts_.back()->leave_byte_mapping_to_model();
   }
 
  private:

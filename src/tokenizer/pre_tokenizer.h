@@ -19,6 +19,10 @@ class PreTokenizer {
   virtual ~PreTokenizer() = default;
   // Replaces `words` by their pre-tokenization; empty words are dropped.
   virtual void pre_tokenize(std::vector<PreToken>& words) const = 0;
+  // When the last step maps bytes to byte-level characters, stops doing so and returns true: the
+  // model then takes raw bytes and maps only the words it has not cached
+  // (BpeModel::take_raw_bytes).
+  virtual bool leave_byte_mapping_to_model() { return false; }
 };
 
 // `where` names the file and field for errors, which name any unsupported "type".
