@@ -52,16 +52,31 @@ void row_dots(const Matrix& w, int r, const float* x, int n, float* acc) {
       static_cast<const char*>(w.data) + static_cast<size_t>(r) * k * dtype_size(w.dtype);
   int i = 0;
 #ifdef EKVA_AVX2
-  __m256 s[kGemvMaxRows];
-  for (int t = 0; t < n; ++t) s[t] = _mm256_setzero_ps();
-  for (; i + 8 <= k; i += 8) {
-    const __m256 wv = w.dtype == DType::kF32
-                          ? load8(reinterpret_cast<const float*>(row) + i)
-                          : load8(reinterpret_cast<const uint16_t*>(row) + i, w.dtype);
-    for (int t = 0; t < n; ++t)
-      s[t] = _mm256_fmadd_ps(wv, load8(x + static_cast<size_t>(t) * k + i), s[t]);
+  auto load_w = [&](int at) {
+    return w.dtype == DType::kF32 ? load8(reinterpret_cast<const float*>(row) + at)
+                                  : load8(reinterpret_cast<const uint16_t*>(row) + at, w.dtype);
+  };
+  if (n == 1) {
+    // Four independent chains hide the FMA latency; one chain would cap a core at ~4 bytes/cycle.
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    for (; i + 32 <= k; i += 32) {
+      s0 = _mm256_fmadd_ps(load_w(i), load8(x + i), s0);
+      s1 = _mm256_fmadd_ps(load_w(i + 8), load8(x + i + 8), s1);
+      s2 = _mm256_fmadd_ps(load_w(i + 16), load8(x + i + 16), s2);
+      s3 = _mm256_fmadd_ps(load_w(i + 24), load8(x + i + 24), s3);
+    }
+    for (; i + 8 <= k; i += 8) s0 = _mm256_fmadd_ps(load_w(i), load8(x + i), s0);
+    acc[0] = hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+  } else {
+    __m256 s[kGemvMaxRows];
+    for (int t = 0; t < n; ++t) s[t] = _mm256_setzero_ps();
+    for (; i + 8 <= k; i += 8) {
+      const __m256 wv = load_w(i);
+      for (int t = 0; t < n; ++t)
+        s[t] = _mm256_fmadd_ps(wv, load8(x + static_cast<size_t>(t) * k + i), s[t]);
+    }
+    for (int t = 0; t < n; ++t) acc[t] = hsum(s[t]);
   }
-  for (int t = 0; t < n; ++t) acc[t] = hsum(s[t]);
 #else
   for (int t = 0; t < n; ++t) acc[t] = 0.0f;
 #endif
