@@ -9,8 +9,8 @@ namespace ekva::cpu {
 
 // One work item per (sequence, KV head): its K/V pages are read by all of the group's query heads
 // while cached, and score updates to its slots need no synchronisation.
-void attention(KvCache& cache, int layer, const float* q, const int32_t* seq, const int32_t* pos, int n,
-               int num_heads, float* out, const uint8_t* score_query) {
+void attention(KvCache& cache, int layer, const float* q, const int32_t* seq, const int32_t* pos,
+               int n, int num_heads, float* out, const uint8_t* score_query) {
   const int d = cache.head_dim();
   const int kv_heads = cache.num_kv_heads();
   const int group = num_heads / kv_heads;
