@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   ekva::cli::add_tasks(app, action);
   ekva::cli::add_calibrate(app, action);
   ekva::cli::add_plan(app, action);
+  ekva::cli::add_eval(app, action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
