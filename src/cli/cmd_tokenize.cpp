@@ -38,7 +38,8 @@ std::vector<int32_t> parse_id_array(const std::string& text) {
 }  // namespace
 
 void add_tokenize(CLI::App& app, Action& action) {
-  auto* cmd = app.add_subcommand("tokenize", "Encode UTF-8 text from stdin into token ids");
+  auto* cmd = app.add_subcommand(
+      "tokenize", "Encode UTF-8 text from stdin (all of it, a final newline included) into ids");
   auto path = std::make_shared<std::string>();
   auto add_special = std::make_shared<bool>(false);
   auto json = std::make_shared<bool>(false);
