@@ -137,6 +137,57 @@ TEST(Metaspace, PrependSchemes) {
   EXPECT_EQ(always->encode("<s>world", false), concat({{1}, world}));
 }
 
+// Split behaviours on dolma2's merges: each behaviour's words, encoded one by one by the same
+// tokenizer without any split, give the ids.
+TEST(Split, DelimiterBehaviours) {
+  TempDir dir;
+  nlohmann::json j = read_json_file(fixture("allenai_dolma2.json"));
+  const nlohmann::json byte_level = {
+      {"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}};
+  const auto load = [&](const nlohmann::json& pre_tokenizer) {
+    j["pre_tokenizer"] = pre_tokenizer;
+    std::ofstream(dir.path() / "tokenizer.json") << j.dump();
+    return load_tokenizer(dir.path() / "tokenizer.json");
+  };
+  const auto whole = load(byte_level);
+  const auto words = [&](std::initializer_list<std::string> parts) {
+    Ids ids;
+    for (const std::string& p : parts) {
+      const Ids w = whole->encode(p, false);
+      ids.insert(ids.end(), w.begin(), w.end());
+    }
+    return ids;
+  };
+  const auto split = [&](const std::string& behavior, bool invert) {
+    return load({{"type", "Sequence"},
+                 {"pretokenizers",
+                  {{{"type", "Split"},
+                    {"pattern", {{"String", ", "}}},
+                    {"behavior", behavior},
+                    {"invert", invert}},
+                   byte_level}}});
+  };
+  const std::string text = "red, green, , blue";
+  EXPECT_EQ(split("Removed", false)->encode(text, false), words({"red", "green", "blue"}));
+  EXPECT_EQ(split("Isolated", false)->encode(text, false),
+            words({"red", ", ", "green", ", ", ", ", "blue"}));
+  EXPECT_EQ(split("MergedWithPrevious", false)->encode(text, false),
+            words({"red, ", "green, ", ", ", "blue"}));
+  EXPECT_EQ(split("MergedWithNext", false)->encode(text, false),
+            words({"red", ", green", ", ", ", blue"}));
+  EXPECT_EQ(split("Contiguous", false)->encode(text, false),
+            words({"red", ", ", "green", ", , ", "blue"}));
+  EXPECT_EQ(split("Removed", true)->encode(text, false), words({", ", ", ", ", "}));
+  // Digits keeps runs of digits apart; individual_digits splits them one by one.
+  const auto digits = [&](bool individual) {
+    return load(
+        {{"type", "Sequence"},
+         {"pretokenizers", {{{"type", "Digits"}, {"individual_digits", individual}}, byte_level}}});
+  };
+  EXPECT_EQ(digits(false)->encode("abc12345x", false), words({"abc", "12345", "x"}));
+  EXPECT_EQ(digits(true)->encode("abc123x", false), words({"abc", "1", "2", "3", "x"}));
+}
+
 TEST(ModelDirectory, PrefersTokenizerJsonAndAppliesTokenizerConfig) {
   TempDir dir;
   // The fixtures: " Hello world" is [23325, 2294] for tokenizer.json and [29473, 23325, 2294]
