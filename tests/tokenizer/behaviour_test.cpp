@@ -137,6 +137,28 @@ TEST(Metaspace, PrependSchemes) {
   EXPECT_EQ(always->encode("<s>world", false), concat({{1}, world}));
 }
 
+// Bytes that do not form UTF-8 decode to U+FFFD: one per byte for ByteFallback (Mistral), one per
+// maximal ill-formed sequence for ByteLevel (dolma2), as Hugging Face's decoders do.
+TEST(Decode, InvalidBytesBecomeReplacementCharacters) {
+  const std::string replacement = "\xEF\xBF\xBD";
+  const nlohmann::json mistral = read_json_file(fixture("mistral-v3.tokenizer.json"));
+  const auto byte_token = [&](const char* name) {
+    return mistral["model"]["vocab"][name].get<int32_t>();
+  };
+  const auto m = load_tokenizer(fixture("mistral-v3.tokenizer.json"));
+  const Ids euro = {byte_token("<0xE2>"), byte_token("<0x82>"), byte_token("<0xAC>")};
+  EXPECT_EQ(m->decode(euro, false), "\xE2\x82\xAC");
+  const Ids cut = {byte_token("<0xE2>"), byte_token("<0x82>")};
+  EXPECT_EQ(m->decode(cut, false), replacement + replacement);
+
+  const nlohmann::json dolma = read_json_file(fixture("allenai_dolma2.json"));
+  const auto d = load_tokenizer(fixture("allenai_dolma2.json"));
+  // U+00E2 and U+0124 are the byte-level alphabet's characters for the bytes 0xE2 and 0x82.
+  const Ids lone = {dolma["model"]["vocab"]["\xC3\xA2"].get<int32_t>(),
+                    dolma["model"]["vocab"]["\xC4\xA4"].get<int32_t>()};
+  EXPECT_EQ(d->decode(lone, false), replacement);
+}
+
 // Split behaviours on dolma2's merges: each behaviour's words, encoded one by one by the same
 // tokenizer without any split, give the ids.
 TEST(Split, DelimiterBehaviours) {
