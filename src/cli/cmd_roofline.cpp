@@ -66,8 +66,8 @@ void add_common(CLI::App* cmd, CommonArgs& a) {
   cmd->add_option("--weight-dtype", a.weight_dtype,
                   "Weight format (default: the checkpoint's): bf16, f16, fp8, int8, int4, f32");
   cmd->add_option("--routing", a.routing,
-                  "Measured routing histogram JSON {\"expert_counts\": [[...], ...]}; default "
-                  "uniform routing");
+                  "Measured routing: calibration statistics (ekva calibrate) or JSON "
+                  "{\"expert_counts\": [[...], ...]}; default uniform routing");
   cmd->add_flag("--datasheet", a.datasheet, "Ignore the measured profile of the hardware file");
   cmd->add_option("--workspace-gib", a.workspace_gib,
                   "Memory reserved for the runtime and GEMM workspaces")

@@ -36,8 +36,7 @@ class StepBuilder {
         tokens_(w.phase == Phase::kDecode ? batch_ : batch_ * static_cast<double>(w.context)) {}
 
   StepCost build() {
-    StepCost step;
-    step.experts_touched.assign(s_.num_layers, 0.0);
+    std::vector<double> experts_touched(s_.num_layers, 0.0);
     const double h = s_.hidden_size;
     {
       auto& op = add(OperatorKind::kEmbedding, -1);
@@ -47,8 +46,8 @@ class StepBuilder {
     for (int l = 0; l < s_.num_layers; ++l) {
       attention_block(l);
       if (s_.layer_is_moe[l]) {
-        step.experts_touched[l] = w_.routing.experts_touched(s_, l, tokens_);
-        moe_block(l, step.experts_touched[l]);
+        experts_touched[l] = w_.routing.experts_touched(s_, l, tokens_);
+        moe_block(l, experts_touched[l]);
       } else {
         rms_norm(OperatorKind::kMlpNorm, l, tokens_);
         swiglu(OperatorKind::kDenseMlp, l, tokens_, s_.dense_intermediate, false);
@@ -67,7 +66,7 @@ class StepBuilder {
     StepCost totals = sum_rows(rows_);
     totals.operators = std::move(rows_);
     totals.tokens = tokens_;
-    totals.experts_touched = std::move(step.experts_touched);
+    totals.experts_touched = std::move(experts_touched);
     return totals;
   }
 

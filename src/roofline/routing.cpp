@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "budget/calibration.h"
 #include "core/error.h"
 #include "io/json_file.h"
 
@@ -59,8 +60,25 @@ RoutingModel RoutingModel::from_counts(const ModelSpec& spec,
 RoutingModel RoutingModel::load(const std::filesystem::path& path, const ModelSpec& spec) {
   const nlohmann::json j = read_json_file(path);
   const std::string source = path.string();
+  const bool is_calibration = j.is_object() && j.contains("format") && j["format"].is_string() &&
+                              j["format"].get<std::string>() == "ekva.calibration_stats";
+  if (is_calibration) {
+    const CalibrationStats stats = CalibrationStats::from_json(j, source);
+    stats.check_model(spec);
+    std::vector<std::vector<double>> counts(spec.num_layers);
+    for (int l = 0; l < spec.num_layers; ++l) {
+      if (!spec.layer_is_moe[l]) continue;
+      for (int e = 0; e < spec.num_experts; ++e) {
+        counts[l].push_back(stats.routing_topk[stats.le(l, e)]);
+      }
+    }
+    return from_counts(spec, counts, source);
+  }
   if (!j.is_object() || !j.contains("expert_counts") || !j["expert_counts"].is_array()) {
-    fail(ErrorKind::kInvalidFile, "{}: expected an object with a list 'expert_counts'", source);
+    fail(ErrorKind::kInvalidFile,
+         "{}: expected calibration statistics (ekva calibrate) or an object with a list "
+         "'expert_counts'",
+         source);
   }
   std::vector<std::vector<double>> counts;
   for (const auto& row : j["expert_counts"]) {

@@ -20,6 +20,7 @@ class RoutingModel {
   static RoutingModel from_counts(const ModelSpec& spec,
                                   const std::vector<std::vector<double>>& counts,
                                   const std::string& source);
+  // Calibration statistics (`ekva calibrate`: their top-k routing counts), or
   // {"expert_counts": [[...], ...]} (schema in docs/ROOFLINE.md).
   static RoutingModel load(const std::filesystem::path& path, const ModelSpec& spec);
 

@@ -3,7 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 
+#include "budget/calibration.h"
 #include "core/error.h"
 #include "io/model_config.h"
 
@@ -130,6 +133,43 @@ TEST(CostModel, MeasuredRoutingHistogramSetsTheExpertsTouched) {
               expected_distinct_experts(8, 2, 64), 1e-9);
   std::vector<std::vector<double>> short_rows(32, std::vector<double>(7, 10));
   EXPECT_THROW(RoutingModel::from_counts(s, short_rows, "test"), Error);
+}
+
+TEST(CostModel, RoutingIsReadFromCalibrationStatisticsOrCounts) {
+  const ModelSpec s = mixtral();
+  const auto dir = std::filesystem::temp_directory_path() / "ekva_roofline_routing_test";
+  std::filesystem::create_directories(dir);
+  CalibrationStats stats;
+  stats.model_type = s.model_type;
+  stats.num_layers = s.num_layers;
+  stats.num_kv_heads = s.num_kv_heads;
+  stats.num_experts = s.num_experts;
+  stats.moe.assign(s.num_layers, 1);
+  const size_t le = static_cast<size_t>(s.num_layers) * s.num_experts;
+  const size_t lhe = le * s.num_kv_heads;
+  for (auto* v :
+       {&stats.routing_primary, &stats.routing_topk, &stats.gate_mass, &stats.output_norm})
+    v->assign(le, 0.0);
+  stats.coroute.assign(le * s.num_experts, 0.0);
+  for (auto* v : {&stats.entropy_sum, &stats.entropy_count, &stats.key_share_sum})
+    v->assign(lhe, 0);
+  stats.queries.assign(static_cast<size_t>(s.num_layers) * s.num_kv_heads, 0.0);
+  // Layer 0 sends every token to experts 3 and 5; the others route evenly.
+  for (int l = 0; l < s.num_layers; ++l) {
+    for (int e = 0; e < s.num_experts; ++e) {
+      stats.routing_topk[stats.le(l, e)] = l == 0 ? (e == 3 || e == 5 ? 100 : 0) : 25;
+    }
+  }
+  stats.save(dir / "stats.json");
+  const RoutingModel from_stats = RoutingModel::load(dir / "stats.json", s);
+  EXPECT_NEAR(from_stats.experts_touched(s, 0, 32), 2.0, 1e-12);
+  EXPECT_NEAR(from_stats.experts_touched(s, 1, 32), expected_distinct_experts(8, 2, 32), 1e-9);
+
+  std::ofstream(dir / "counts.json") << R"({"expert_counts": [[1, 1, 0, 0, 0, 0, 0, 0]]})";
+  EXPECT_THROW(RoutingModel::load(dir / "counts.json", s), Error);  // one row for 32 layers
+  std::ofstream(dir / "other.json") << R"({"histogram": []})";
+  EXPECT_THROW(RoutingModel::load(dir / "other.json", s), Error);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(CostModel, DecodeAttentionIsMemoryBoundAtTheGqaGroupIntensity) {
