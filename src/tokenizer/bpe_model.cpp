@@ -55,12 +55,8 @@ BpeModel::BpeModel(const nlohmann::json& spec, const std::string& where) {
     vocab_.emplace(token, id);
     max_id = std::max(max_id, id);
   }
-  tokens_.resize(max_id + 1);
-  has_token_.resize(max_id + 1);
-  for (const auto& [token, id] : vocab_) {
-    tokens_[id] = token;
-    has_token_[id] = true;
-  }
+  tokens_.assign(max_id + 1, nullptr);
+  for (const auto& [token, id] : vocab_) tokens_[id] = &token;
 
   const std::string unk = optional_string(spec, "unk_token", "", where);
   if (!unk.empty()) {
@@ -82,11 +78,12 @@ BpeModel::BpeModel(const nlohmann::json& spec, const std::string& where) {
 
   const auto& merges = required_array(spec, "merges", where);
   merges_.reserve(merges.size());
+  std::string merged;
   for (size_t rank = 0; rank < merges.size(); ++rank) {
     const auto& m = merges[rank];
-    std::string left, right;
+    std::string_view left, right;
     if (m.is_string()) {
-      const std::string line = m.get<std::string>();
+      const std::string_view line = m.get_ref<const std::string&>();
       const size_t space = line.find(' ');
       if (space == std::string::npos || line.find(' ', space + 1) != std::string::npos) {
         fail(ErrorKind::kInvalidFile, "{}.merges[{}]: '{}' is not two tokens separated by a space",
@@ -95,8 +92,8 @@ BpeModel::BpeModel(const nlohmann::json& spec, const std::string& where) {
       left = line.substr(0, space);
       right = line.substr(space + 1);
     } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
-      left = m[0].get<std::string>();
-      right = m[1].get<std::string>();
+      left = m[0].get_ref<const std::string&>();
+      right = m[1].get_ref<const std::string&>();
     } else {
       fail(ErrorKind::kInvalidFile, "{}.merges[{}]: expected \"a b\" or [\"a\", \"b\"]", where,
            rank);
@@ -106,11 +103,10 @@ BpeModel::BpeModel(const nlohmann::json& spec, const std::string& where) {
       fail(ErrorKind::kInvalidFile, "{}.merges[{}]: token '{}' is not in the vocabulary", where,
            rank, left_id ? right : left);
     }
-    const std::string_view right_rest =
-        right.starts_with(continuing_subword_prefix_)
-            ? std::string_view(right).substr(continuing_subword_prefix_.size())
-            : std::string_view(right);
-    const std::string merged = left + std::string(right_rest);
+    merged.assign(left);
+    merged.append(right.starts_with(continuing_subword_prefix_)
+                      ? right.substr(continuing_subword_prefix_.size())
+                      : right);
     const auto merged_id = token_to_id(merged);
     if (!merged_id) {
       fail(ErrorKind::kInvalidFile, "{}.merges[{}]: merged token '{}' is not in the vocabulary",
@@ -135,8 +131,7 @@ std::optional<int32_t> BpeModel::token_to_id(std::string_view token) const {
 }
 
 const std::string* BpeModel::id_to_token(int32_t id) const {
-  if (id < 0 || id >= vocab_size() || !has_token_[id]) return nullptr;
-  return &tokens_[id];
+  return id < 0 || id >= vocab_size() ? nullptr : tokens_[id];
 }
 
 void BpeModel::take_raw_bytes() {

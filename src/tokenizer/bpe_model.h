@@ -74,8 +74,9 @@ class BpeModel {
   const Merge* find_merge(int32_t left, int32_t right) const;
 
   StringMap<int32_t> vocab_;
-  std::vector<std::string> tokens_;  // by id; empty where no token has the id
-  std::vector<bool> has_token_;
+  // By id, pointing into vocab_'s keys (stable: the map is node-based); null where no token has
+  // the id.
+  std::vector<const std::string*> tokens_;
   MergeTable merges_;
   std::optional<int32_t> unk_id_;
   bool fuse_unk_ = false;
