@@ -205,8 +205,14 @@ class Bucket:
         self.answer_start = torch.tensor(index["answer_start"], device=device)
         self.task = torch.tensor(index["task"], device=device)
 
+    def row_weights(self, task_weights):
+        """Sampling weight of each row: its task's weight (1 for a task not named)."""
+        per_task = torch.tensor([task_weights.get(t, 1.0) for t in self.task_names],
+                                device=self.task.device)
+        return per_task[self.task]
 
-def make_batch(corpus, bucket, rows, task_rows, gen):
+
+def make_batch(corpus, bucket, row_weights, rows, task_rows, gen):
     """Inputs and targets of rows x L tokens, and which targets are task answers: task rows first
     (an instance, then corpus text to fill the row), then corpus windows."""
     device = corpus.device
@@ -216,7 +222,7 @@ def make_batch(corpus, bucket, rows, task_rows, gen):
     seq = corpus[starts[:, None] + pos[None, :]]
     answer = torch.zeros(rows, width - 1, device=device, dtype=torch.bool)
     if task_rows:
-        pick = torch.randint(0, bucket.tokens.shape[0], (task_rows,), device=device, generator=gen)
+        pick = torch.multinomial(row_weights, task_rows, replacement=True, generator=gen)
         length = bucket.length[pick][:, None]
         start = bucket.answer_start[pick][:, None]
         seq[:task_rows] = torch.where(pos[None, :] < length, bucket.tokens[pick],
@@ -369,6 +375,12 @@ def main():
     ap.add_argument("--answer-weight", type=float, default=4.0)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--init", help="model.safetensors to start from (a continued run)")
+    ap.add_argument("--task-weights", default="",
+                    help="sampling weights of task rows, e.g. kv-retrieval=4,passkey=1")
+    ap.add_argument("--curriculum", default="0.15:1024,0.35:2048,1:4096",
+                    help="sequence length until each fraction of the time")
+    ap.add_argument("--warmup", type=float, default=0.03, help="fraction of the time")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     logf = open(os.path.join(args.out, "log.txt"), "a")
@@ -387,6 +399,15 @@ def main():
     log(f"data: corpus {corpus.numel():,} tokens; task rows "
         f"{ {w: b.tokens.shape[0] for w, b in buckets.items()} }; load {time.time() - t_start:.1f}s")
     model = Mixtral(CONFIG).to(device)
+    if args.init:
+        from safetensors.torch import load_file
+        model.load_state_dict({k: v.float() for k, v in load_file(args.init).items()})
+        log(f"initialised from {args.init}")
+    task_weights = {k: float(v) for k, v in
+                    (item.split("=") for item in args.task_weights.split(",") if item)}
+    row_weights = {w: b.row_weights(task_weights) for w, b in buckets.items()}
+    curriculum = [(float(f), int(w)) for f, w in
+                  (item.split(":") for item in args.curriculum.split(","))]
     n_params = sum(p.numel() for p in model.parameters())
     log(f"parameters {n_params:,}")
     decay = [p for p in model.parameters() if p.dim() == 2]
@@ -402,19 +423,20 @@ def main():
     step, tokens_seen = 0, 0
     t0 = time.time()
     last_export = t0
-    warmup = 0.03
+    warmup = args.warmup
     while True:
         frac = (time.time() - t0) / args.seconds
         if frac >= 1:
             break
-        width = 1024 if frac < 0.15 else 2048 if frac < 0.35 else 4096
+        width = next(w for f, w in curriculum if frac < f)
         lr = args.lr * (frac / warmup if frac < warmup else
                         0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (frac - warmup) / (1 - warmup))))
         for g in opt.param_groups:
             g["lr"] = lr
         rows = args.tokens_per_step // width
         task_rows = int(round(rows * args.task_fraction))
-        inputs, targets, answer = make_batch(corpus, buckets[width], rows, task_rows, gen)
+        inputs, targets, answer = make_batch(corpus, buckets[width], row_weights[width], rows,
+                                             task_rows, gen)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             logits, routing = model(inputs)
         ce = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1),
