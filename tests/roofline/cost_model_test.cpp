@@ -93,7 +93,10 @@ TEST(CostModel, Qwen3HeadDimIsTakenFromTheConfig) {
 TEST(CostModel, DecodeWeightBytesAtBatchOneAreTheActiveParameters) {
   // One token touches exactly top_k experts per layer and one embedding row, so the weights a
   // batch-1 step reads are the active parameters less the embedding table plus one row.
-  for (const ModelSpec& s : {mixtral(), qwen3()}) {
+  // The tiny Qwen2-MoE adds q/k/v biases and a gated shared expert.
+  const ModelSpec qwen2 =
+      load_model_config(std::string(EKVA_FIXTURES) + "/hf-tiny/tiny-qwen2_moe/config.json");
+  for (const ModelSpec& s : {mixtral(), qwen3(), qwen2}) {
     const StepCost step = predict_step(s, find_hardware("h200"), decode(1, 64));
     const double active = static_cast<double>(s.parameters().active_per_token);
     const double embed = static_cast<double>(s.vocab_size) * s.hidden_size;
