@@ -13,6 +13,29 @@ KvPool::KvPool(int head_dim, int page_size) : head_dim_(head_dim), page_size_(pa
   }
 }
 
+KvPool::KvPool(const KvPool& other)
+    : head_dim_(other.head_dim_),
+      page_size_(other.page_size_),
+      free_(other.free_),
+      pages_in_use_(other.pages_in_use_) {
+  const size_t floats = static_cast<size_t>(kPagesPerChunk) * page_bytes() / sizeof(float);
+  chunks_.reserve(other.chunks_.size());
+  for (const auto& chunk : other.chunks_) {
+    std::unique_ptr<float[]> copy(new (std::nothrow) float[floats]);
+    if (!copy) {
+      fail(ErrorKind::kOutOfMemory, "KV pool copy: cannot allocate {} bytes for {} chunks",
+           floats * sizeof(float), other.chunks_.size());
+    }
+    std::memcpy(copy.get(), chunk.get(), floats * sizeof(float));
+    chunks_.push_back(std::move(copy));
+  }
+}
+
+KvPool& KvPool::operator=(const KvPool& other) {
+  if (this != &other) *this = KvPool(other);
+  return *this;
+}
+
 int32_t KvPool::allocate() {
   if (free_.empty()) {
     const size_t floats = static_cast<size_t>(kPagesPerChunk) * page_bytes() / sizeof(float);

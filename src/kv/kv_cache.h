@@ -16,6 +16,12 @@ namespace ekva {
 class KvPool {
  public:
   KvPool(int head_dim, int page_size);
+  // Deep copies: every chunk is duplicated, so a copy can be compressed without touching the
+  // original (one prefill shared by several policies).
+  KvPool(const KvPool& other);
+  KvPool& operator=(const KvPool& other);
+  KvPool(KvPool&&) = default;
+  KvPool& operator=(KvPool&&) = default;
 
   int32_t allocate();
   void release(int32_t page);
@@ -63,6 +69,9 @@ struct HeadTable {
 class KvCache {
  public:
   KvCache(const ModelSpec& spec, int num_sequences, int page_size = 16);
+  // Copies are deep (the pool's pages included): compressing a copy leaves this cache as it was.
+  KvCache(const KvCache&) = default;
+  KvCache& operator=(const KvCache&) = default;
 
   int num_sequences() const { return num_sequences_; }
   int num_layers() const { return num_layers_; }
