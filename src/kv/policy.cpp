@@ -283,8 +283,6 @@ void KvPolicy::compress(KvCache& cache, int seq, int prompt_len) {
 int KvPolicy::victim(const KvCache& cache, int seq, int layer, int kv_head) const {
   const HeadTable& t = cache.table(seq, layer, kv_head);
   const int n = t.size();
-  int32_t newest = 0;
-  for (const TokenMeta& m : t.meta) newest = std::max(newest, m.position);
   if (kind_ == Kind::kStreaming) {
     int best = -1;
     for (int i = 0; i < n; ++i) {
@@ -293,29 +291,37 @@ int KvPolicy::victim(const KvCache& cache, int seq, int layer, int kv_head) cons
     }
     return best;
   }
+  // The token just decoded is the sequence's newest; the window before it is protected.
+  const int32_t newest = cache.next_position(seq) - 1;
   const int window = std::min(options_.window, head_budget(seq, layer, kv_head));
-  auto candidate = [&](int i) { return t.meta[i].position <= newest - window; };
-  int group = -1;
-  if (grouped()) {
-    // Evict from the group furthest over its quota.
-    const int G = num_groups_;
-    const int* quota =
-        budgets_[seq].group.data() + (static_cast<size_t>(layer) * num_kv_heads_ + kv_head) * G;
-    std::vector<int> count(G, 0);
+  const int32_t last_candidate = newest - window;
+  if (!grouped()) {
+    int best = -1;
     for (int i = 0; i < n; ++i) {
-      if (candidate(i)) ++count[group_of(layer, t.meta[i])];
+      if (t.meta[i].position > last_candidate) continue;
+      if (best < 0 || t.meta[i].score < t.meta[best].score) best = i;
     }
-    int excess = 0;
-    for (int g = 0; g < G; ++g) {
-      if (count[g] - quota[g] > excess) excess = count[g] - quota[g], group = g;
-    }
+    return best;
   }
-  int best = -1;
+  // One pass: candidates per group and each group's lowest score; evict from the group furthest
+  // over its quota, or the lowest overall when none is over.
+  const int G = num_groups_;
+  const int* quota =
+      budgets_[seq].group.data() + (static_cast<size_t>(layer) * num_kv_heads_ + kv_head) * G;
+  std::vector<int> count(G, 0), lowest(G, -1);
   for (int i = 0; i < n; ++i) {
-    if (!candidate(i) || (group >= 0 && group_of(layer, t.meta[i]) != group)) continue;
-    if (best < 0 || t.meta[i].score < t.meta[best].score) best = i;
+    if (t.meta[i].position > last_candidate) continue;
+    const int g = group_of(layer, t.meta[i]);
+    ++count[g];
+    if (lowest[g] < 0 || t.meta[i].score < t.meta[lowest[g]].score) lowest[g] = i;
   }
-  return best;
+  int group = -1, excess = 0, best = -1;
+  for (int g = 0; g < G; ++g) {
+    if (count[g] - quota[g] > excess) excess = count[g] - quota[g], group = g;
+    if (lowest[g] >= 0 && (best < 0 || t.meta[lowest[g]].score < t.meta[best].score))
+      best = lowest[g];
+  }
+  return group >= 0 ? lowest[group] : best;
 }
 
 void KvPolicy::refresh_group_budgets(const KvCache& cache, int seq) {
