@@ -1,14 +1,21 @@
 #include <fmt/core.h>
 
+#include <chrono>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "cli/policy_args.h"
 #include "eval/evaluate.h"
+#include "eval/report.h"
+#include "eval/repository.h"
+#include "io/json_file.h"
 #include "tokenizer/tokenizer.h"
 
 namespace ekva::cli {
 namespace {
+
+namespace fs = std::filesystem;
 
 struct EvalArgs {
   std::string model_dir;
@@ -18,16 +25,37 @@ struct EvalArgs {
   size_t context = 4096;
   int samples = 20;
   uint64_t seed = 777001;
+  std::string mode = "aware";
+  std::string heldout = "data/eval/heldout.txt";
+  int ppl_tokens = 128;
   std::string plan;
+  std::string out;
   bool json = false;
 };
 
+const std::vector<double> kIsoShares = {0.99, 0.95};
+
+std::string iso_cell(const IsoQualityRow& r) {
+  if (!r.at) return "not reached";
+  return fmt::format("{:g} ({:.1f}% KV, {:.3g} [{:.3g}, {:.3g}])", r.at->budget,
+                     100 * r.at->kv_fraction, r.at->score, r.at->interval.low, r.at->interval.high);
+}
+
 int run_eval(const EvalArgs& a) {
+  const auto start = std::chrono::steady_clock::now();
   const auto model = Model::load(a.model_dir);
   const auto tokenizer = load_tokenizer(a.model_dir);
   TaskEvalOptions options;
-  for (const auto& name : a.tasks) options.tasks.push_back(parse_task_name(name));
+  bool ppl = false;
+  for (const auto& name : a.tasks) {
+    options.tasks.push_back(parse_eval_task(name));
+    ppl = ppl || !options.tasks.back().kind;
+  }
+  // The full cache is the iso-quality reference: always run, once (every budget keeps it all).
+  PolicyArgs full;
+  options.policies.push_back(make_policy_options(full, model->spec()));
   for (const auto& name : a.policies) {
+    if (name == "full") continue;
     for (double budget : a.budgets) {
       PolicyArgs p;
       p.policy = name;
@@ -39,30 +67,60 @@ int run_eval(const EvalArgs& a) {
   options.context_tokens = a.context;
   options.samples = a.samples;
   options.seed = a.seed;
+  options.mode = parse_query_mode(a.mode);
+  if (ppl) options.heldout_text = file_text(repository_path(a.heldout));
+  options.ppl_tokens = a.ppl_tokens;
+  options.progress = [](int done, int total) {
+    fmt::print(stderr, "\reval [{:<30}] {}/{} (sample x policy)",
+               std::string(30 * done / total, '#'), done, total);
+    if (done == total) fmt::print(stderr, "\n");
+  };
   const std::vector<TaskScore> scores = evaluate_tasks(*model, *tokenizer, options);
-  if (a.json) {
-    nlohmann::json results = nlohmann::json::array();
-    for (const auto& s : scores) {
-      results.push_back({{"task", task_name(s.task)},
-                         {"policy", s.policy},
-                         {"budget", s.budget},
-                         {"score", s.score},
-                         {"samples", s.samples},
-                         {"kv_fraction", s.kv_fraction}});
+  const std::vector<IsoQualityRow> iso = iso_quality(scores, kIsoShares);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  nlohmann::json results = nlohmann::json::array();
+  for (const auto& s : scores) results.push_back(score_json(s));
+  const nlohmann::json report = {{"model", a.model_dir},
+                                 {"context", a.context},
+                                 {"samples", a.samples},
+                                 {"seed", a.seed},
+                                 {"mode", a.mode},
+                                 {"plan", a.plan},
+                                 {"ppl_tokens", a.ppl_tokens},
+                                 {"wall_seconds", seconds},
+                                 {"results", results},
+                                 {"iso_quality", iso_quality_json(iso)}};
+  if (!a.out.empty()) {
+    fs::create_directories(a.out);
+    write_text_file(fs::path(a.out) / "results.json", report.dump(2) + "\n");
+    write_text_file(fs::path(a.out) / "results.csv", results_csv(scores));
+    for (const auto& task : options.tasks) {
+      write_text_file(fs::path(a.out) / fmt::format("chart-{}.svg", task.name()),
+                      score_chart_svg(std::string(task.name()), scores));
     }
-    fmt::print(
-        "{}\n",
-        nlohmann::json{
-            {"model", a.model_dir}, {"context", a.context}, {"seed", a.seed}, {"results", results}}
-            .dump());
+    if (!a.plan.empty()) write_text_file(fs::path(a.out) / "plan.json", file_text(a.plan));
+  }
+  if (a.json) {
+    fmt::print("{}\n", report.dump());
     return 0;
   }
-  fmt::print("{:<20} {:<20} {:>8} {:>7} {:>8} {:>8}\n", "task", "policy", "budget", "score",
-             "samples", "kv");
+  fmt::print("{:<18} {:<19} {:>7} {:>8} {:>17} {:>7} {:>7}\n", "task", "policy", "budget", "score",
+             "95% interval", "samples", "kv");
   for (const auto& s : scores) {
-    fmt::print("{:<20} {:<20} {:>8.3f} {:>7.3f} {:>8} {:>8.3f}\n", task_name(s.task), s.policy,
-               s.budget, s.score, s.samples, s.kv_fraction);
+    fmt::print("{:<18} {:<19} {:>7.3g} {:>8.4g} {:>17} {:>7} {:>7.3f}\n", s.task, s.policy,
+               s.budget, s.score, fmt::format("[{:.3g}, {:.3g}]", s.interval.low, s.interval.high),
+               s.samples, s.kv_fraction);
   }
+  fmt::print(
+      "\nsmallest budget keeping >= 99% / >= 95% of full-KV quality (KV kept, score [95%]):\n");
+  for (size_t i = 0; i + 1 < iso.size(); i += 2) {
+    fmt::print("{:<18} {:<19} {:<40} {}\n", iso[i].task, iso[i].policy, iso_cell(iso[i]),
+               iso_cell(iso[i + 1]));
+  }
+  fmt::print("\nwall time {:.1f} s{}\n", seconds,
+             a.out.empty() ? "" : fmt::format("; wrote {}", a.out));
   return 0;
 }
 
@@ -71,20 +129,35 @@ int run_eval(const EvalArgs& a) {
 void add_eval(CLI::App& app, Action& action) {
   auto* cmd = app.add_subcommand(
       "eval",
-      "Score long-context tasks (greedy, exact answer) under KV-cache policies and budgets");
+      "Score long-context tasks (greedy, exact answer) and held-out perplexity under KV-cache "
+      "policies and budgets");
   auto a = std::make_shared<EvalArgs>();
   cmd->add_option("--model", a->model_dir, "Model directory (config, weights, tokenizer)")
       ->required();
-  cmd->add_option("--policies", a->policies, "Comma-separated KV policies")->delimiter(',');
+  cmd->add_option("--policies", a->policies,
+                  "Comma-separated KV policies (full always runs, as the reference)")
+      ->delimiter(',');
   cmd->add_option("--budgets", a->budgets,
                   "Comma-separated budgets: <= 1 a fraction of the prompt, > 1 tokens per head")
       ->delimiter(',');
-  cmd->add_option("--tasks", a->tasks, "Comma-separated tasks (see ekva tasks)")->delimiter(',');
+  cmd->add_option("--tasks", a->tasks, "Comma-separated tasks (see ekva tasks) and/or ppl")
+      ->delimiter(',');
   cmd->add_option("--context", a->context, "Tokens of each sample: prompt plus answer room")
       ->check(CLI::Range(64, 1 << 24));
-  cmd->add_option("--samples", a->samples, "Instances per task")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--samples", a->samples, "Instances (ppl: held-out windows) per task")
+      ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--seed", a->seed, "Seed of the instance set (777001: the shipped eval set)");
+  cmd->add_option("--mode", a->mode,
+                  "aware: compress after context and question; agnostic: compress the context, "
+                  "then stream the question with eviction")
+      ->capture_default_str();
+  cmd->add_option("--heldout", a->heldout, "ppl: held-out text the windows are cut from")
+      ->capture_default_str();
+  cmd->add_option("--ppl-tokens", a->ppl_tokens, "ppl: continuation tokens scored per window")
+      ->capture_default_str();
   cmd->add_option("--plan", a->plan, "BudgetPlan JSON for the ekva policies");
+  cmd->add_option("--out", a->out,
+                  "Directory for results.json, results.csv, chart-TASK.svg and plan.json");
   cmd->add_flag("--json", a->json, "Print one JSON object");
   cmd->callback([&action, a] { action = [a] { return run_eval(*a); }; });
 }

@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   ekva::cli::add_calibrate(app, action);
   ekva::cli::add_plan(app, action);
   ekva::cli::add_eval(app, action);
+  ekva::cli::add_demo(app, action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

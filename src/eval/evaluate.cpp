@@ -1,9 +1,120 @@
 #include "eval/evaluate.h"
 
+#include <algorithm>
+
+#include "budget/calibration.h"
 #include "core/error.h"
+#include "model/forward.h"
 #include "model/generate.h"
 
 namespace ekva {
+namespace {
+
+int32_t greedy(const std::vector<float>& logits) {
+  return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+}
+
+double nll_of(const std::vector<float>& logits, int32_t target, int vocab) {
+  return next_token_loss(logits, {0, target}, vocab);  // one row predicting one token
+}
+
+// One decode step of sequence 0 with the policy's decode scoring and eviction.
+std::vector<float> step(Forward& forward, KvCache& cache, KvPolicy& policy, int32_t token) {
+  ForwardBatch batch;
+  batch.add(token, 0, cache.next_position(0));
+  batch.score_query = {static_cast<uint8_t>(policy.scores_decode())};
+  std::vector<float> logits = forward.run(batch);
+  policy.evict(cache, 0);
+  return logits;
+}
+
+struct Prefilled {
+  std::vector<uint8_t> score_queries;
+  KvCache cache;
+  std::vector<float> logits;  // of the prefix's last token
+};
+
+}  // namespace
+
+std::string_view query_mode_name(QueryMode mode) {
+  return mode == QueryMode::kAware ? "aware" : "agnostic";
+}
+
+QueryMode parse_query_mode(std::string_view name) {
+  if (name == "aware") return QueryMode::kAware;
+  if (name == "agnostic") return QueryMode::kAgnostic;
+  fail(ErrorKind::kInvalidArgument, "unknown query mode '{}' (known: aware, agnostic)", name);
+}
+
+EvalTask parse_eval_task(std::string_view name) {
+  if (name == "ppl") return {};
+  return {parse_task_name(name)};
+}
+
+std::vector<PolicyOutcome> run_policies(const Model& model, const std::vector<int32_t>& prefix,
+                                        const std::vector<int32_t>& suffix,
+                                        const std::vector<PolicyOptions>& policies,
+                                        int max_new_tokens) {
+  const ModelSpec& spec = model.spec();
+  if (prefix.empty()) fail(ErrorKind::kInvalidArgument, "eval: the prefix is empty");
+  const int64_t total = static_cast<int64_t>(prefix.size() + suffix.size()) + max_new_tokens;
+  if (total > spec.max_position) {
+    fail(ErrorKind::kInvalidArgument,
+         "eval: {} prefix, {} suffix and {} new tokens exceed the model's {} positions",
+         prefix.size(), suffix.size(), max_new_tokens, spec.max_position);
+  }
+  const int prefix_len = static_cast<int>(prefix.size());
+  std::vector<Prefilled> prefills;  // a handful at most: none, the window, every query
+  std::vector<PolicyOutcome> outcomes;
+  for (const PolicyOptions& options : policies) {
+    KvPolicy policy(options, spec);
+    const std::vector<uint8_t> score_queries = policy.prefill_score_queries(prefix_len);
+    auto it = std::find_if(prefills.begin(), prefills.end(),
+                           [&](const Prefilled& p) { return p.score_queries == score_queries; });
+    if (it == prefills.end()) {
+      KvCache cache(spec, 1);
+      ForwardBatch batch;
+      for (int i = 0; i < prefix_len; ++i) batch.add(prefix[i], 0, i);
+      batch.logit_rows = {prefix_len - 1};
+      batch.score_query = score_queries;
+      std::vector<float> logits = Forward(model, cache).run(batch);
+      prefills.push_back({score_queries, std::move(cache), std::move(logits)});
+      it = prefills.end() - 1;
+    }
+    KvCache cache = it->cache;
+    std::vector<float> logits = it->logits;
+    Forward forward(model, cache);
+    policy.compress(cache, 0, prefix_len);
+    PolicyOutcome out;
+    for (int32_t token : suffix) {
+      out.nll_sum += nll_of(logits, token, spec.vocab_size);
+      ++out.scored_tokens;
+      logits = step(forward, cache, policy, token);
+    }
+    for (int i = 0; i < max_new_tokens; ++i) {
+      const int32_t next = greedy(logits);
+      out.generated.push_back(next);
+      if (std::find(spec.eos_ids.begin(), spec.eos_ids.end(), next) != spec.eos_ids.end()) break;
+      if (i + 1 < max_new_tokens) logits = step(forward, cache, policy, next);
+    }
+    out.kv_bytes = cache.kv_bytes_in_use();
+    out.kv_bytes_full = full_cache_bytes(cache, cache.next_position(0));
+    outcomes.push_back(std::move(out));
+  }
+  return outcomes;
+}
+
+std::pair<std::vector<int32_t>, std::vector<int32_t>> instance_tokens(const TaskInstance& instance,
+                                                                      const Tokenizer& tokenizer,
+                                                                      int32_t bos, QueryMode mode) {
+  std::vector<int32_t> prefix{bos};
+  const std::vector<int32_t> body =
+      tokenizer.encode(mode == QueryMode::kAware ? instance.prompt() : instance.context, false);
+  prefix.insert(prefix.end(), body.begin(), body.end());
+  std::vector<int32_t> suffix;
+  if (mode == QueryMode::kAgnostic) suffix = tokenizer.encode(instance.question, false);
+  return {std::move(prefix), std::move(suffix)};
+}
 
 std::vector<TaskScore> evaluate_tasks(const Model& model, const Tokenizer& tokenizer,
                                       const TaskEvalOptions& options) {
@@ -20,39 +131,89 @@ std::vector<TaskScore> evaluate_tasks(const Model& model, const Tokenizer& token
     fail(ErrorKind::kInvalidArgument, "eval: samples must be at least 1, not {}", options.samples);
   }
   if (!spec.bos_id) fail(ErrorKind::kInvalidFile, "eval: the model config names no bos_token_id");
+  const int32_t bos = *spec.bos_id;
   const TokenCounter count = [&](const std::string& text) {
     return tokenizer.encode(text, false).size();
   };
   TaskOptions task_options;
   task_options.prompt_tokens = options.context_tokens - kAnswerRoom - 1;
 
-  std::vector<TaskScore> scores;
-  for (TaskKind kind : options.tasks) {
-    std::vector<TaskInstance> instances;
-    std::vector<std::vector<int32_t>> prompts;
-    for (int i = 0; i < options.samples; ++i) {
-      instances.push_back(generate_task(kind, instance_seed(options.seed, i), task_options, count));
-      std::vector<int32_t> ids{*spec.bos_id};
-      const std::vector<int32_t> text = tokenizer.encode(instances.back().prompt(), false);
-      ids.insert(ids.end(), text.begin(), text.end());
-      prompts.push_back(std::move(ids));
+  std::vector<int32_t> heldout;
+  const size_t window = options.context_tokens - 1;  // BOS comes first
+  for (const EvalTask& task : options.tasks) {
+    if (task.kind || !heldout.empty()) continue;
+    if (options.ppl_tokens < 1 || static_cast<size_t>(options.ppl_tokens) >= window) {
+      fail(ErrorKind::kInvalidArgument, "eval: ppl scores {} tokens of a {}-token window",
+           options.ppl_tokens, window);
     }
-    for (const PolicyOptions& policy_options : options.policies) {
-      int correct = 0;
-      double kv_fraction = 0;
-      for (int i = 0; i < options.samples; ++i) {
-        KvPolicy policy(policy_options, spec);
-        KvCache cache(spec, 1);
-        GenerateOptions generate_options;
-        generate_options.max_new_tokens =
-            static_cast<int>(tokenizer.encode(instances[i].answer, false).size()) + 2;
-        const GenerateResult r = generate(model, cache, prompts[i], generate_options, &policy);
-        correct += answer_matches(instances[i], tokenizer.decode(r.tokens, true)) ? 1 : 0;
-        kv_fraction += r.kv_bytes_full > 0 ? static_cast<double>(r.kv_bytes) / r.kv_bytes_full : 1;
+    heldout = tokenizer.encode(options.heldout_text, false);
+    if (heldout.size() < window * options.samples) {
+      fail(ErrorKind::kInvalidArgument,
+           "eval: ppl needs {} windows of {} tokens, the held-out text has {} tokens",
+           options.samples, window, heldout.size());
+    }
+  }
+
+  const int steps =
+      static_cast<int>(options.tasks.size() * options.policies.size()) * options.samples;
+  int done = 0;
+  std::vector<TaskScore> scores;
+  for (const EvalTask& task : options.tasks) {
+    const size_t first = scores.size();
+    for (const PolicyOptions& p : options.policies) {
+      scores.push_back(
+          {std::string(task.name()), p.name, p.budget, 0, {}, 0, options.samples, 0, 0, 0});
+    }
+    std::vector<std::vector<int>> correct(options.policies.size());
+    std::vector<std::vector<double>> nll(options.policies.size());
+    std::vector<std::vector<int>> scored(options.policies.size());
+    for (int i = 0; i < options.samples; ++i) {
+      std::vector<int32_t> prefix, suffix;
+      std::optional<TaskInstance> instance;
+      int max_new = 0;
+      if (task.kind) {
+        instance = generate_task(*task.kind, instance_seed(options.seed, i), task_options, count);
+        std::tie(prefix, suffix) = instance_tokens(*instance, tokenizer, bos, options.mode);
+        max_new = static_cast<int>(tokenizer.encode(instance->answer, false).size()) + 2;
+      } else {
+        const auto begin = heldout.begin() + static_cast<ptrdiff_t>(i * window);
+        const auto split = begin + static_cast<ptrdiff_t>(window - options.ppl_tokens);
+        prefix.push_back(bos);
+        prefix.insert(prefix.end(), begin, split);
+        suffix.assign(split, begin + static_cast<ptrdiff_t>(window));
       }
-      scores.push_back({kind, policy_options.name, policy_options.budget,
-                        static_cast<double>(correct) / options.samples, options.samples,
-                        kv_fraction / options.samples});
+      const std::vector<PolicyOutcome> outcomes =
+          run_policies(model, prefix, suffix, options.policies, max_new);
+      for (size_t p = 0; p < outcomes.size(); ++p) {
+        const PolicyOutcome& o = outcomes[p];
+        TaskScore& s = scores[first + p];
+        if (instance) {
+          correct[p].push_back(answer_matches(*instance, tokenizer.decode(o.generated, true)));
+        } else {
+          nll[p].push_back(o.nll_sum);
+          scored[p].push_back(o.scored_tokens);
+        }
+        s.kv_bytes += static_cast<double>(o.kv_bytes) / options.samples;
+        s.kv_bytes_full += static_cast<double>(o.kv_bytes_full) / options.samples;
+        s.kv_fraction +=
+            (o.kv_bytes_full > 0 ? static_cast<double>(o.kv_bytes) / o.kv_bytes_full : 1.0) /
+            options.samples;
+      }
+      done += static_cast<int>(options.policies.size());
+      if (options.progress) options.progress(done, steps);
+    }
+    for (size_t p = 0; p < options.policies.size(); ++p) {
+      TaskScore& s = scores[first + p];
+      if (task.kind) {
+        const int hits = static_cast<int>(std::count(correct[p].begin(), correct[p].end(), 1));
+        s.score = s.quality = static_cast<double>(hits) / options.samples;
+        s.interval = wilson_interval(hits, options.samples);
+      } else {
+        const PerplexityEstimate e = perplexity_of(nll[p], scored[p]);
+        s.score = e.perplexity;
+        s.quality = 1.0 / e.perplexity;
+        s.interval = e.interval;
+      }
     }
   }
   return scores;

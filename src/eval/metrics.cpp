@@ -1,0 +1,64 @@
+#include "eval/metrics.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/error.h"
+
+namespace ekva {
+
+Interval wilson_interval(int successes, int n, double z) {
+  if (n <= 0 || successes < 0 || successes > n) {
+    fail(ErrorKind::kInvalidArgument, "Wilson interval: {} successes of {} trials", successes, n);
+  }
+  const double p = static_cast<double>(successes) / n;
+  const double z2 = z * z;
+  const double centre = (p + z2 / (2.0 * n)) / (1.0 + z2 / n);
+  const double half = z * std::sqrt(p * (1.0 - p) / n + z2 / (4.0 * n * n)) / (1.0 + z2 / n);
+  return {std::max(0.0, centre - half), std::min(1.0, centre + half)};
+}
+
+PerplexityEstimate perplexity_of(const std::vector<double>& nll_sums,
+                                 const std::vector<int>& tokens, double z) {
+  if (nll_sums.empty() || nll_sums.size() != tokens.size()) {
+    fail(ErrorKind::kInvalidArgument, "perplexity: {} NLL sums for {} token counts",
+         nll_sums.size(), tokens.size());
+  }
+  const double total_nll = std::accumulate(nll_sums.begin(), nll_sums.end(), 0.0);
+  const long total_tokens = std::accumulate(tokens.begin(), tokens.end(), 0L);
+  if (total_tokens <= 0) fail(ErrorKind::kInvalidArgument, "perplexity: no scored tokens");
+  const double mean = total_nll / total_tokens;
+  PerplexityEstimate e;
+  e.perplexity = std::exp(mean);
+  const size_t n = nll_sums.size();
+  if (n < 2) {
+    e.interval = {e.perplexity, e.perplexity};
+    return e;
+  }
+  double var = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    const double d = nll_sums[i] / std::max(tokens[i], 1) - mean;
+    var += d * d;
+  }
+  const double half = z * std::sqrt(var / (n - 1) / n);
+  e.interval = {std::exp(mean - half), std::exp(mean + half)};
+  return e;
+}
+
+std::optional<size_t> smallest_budget_keeping(const std::vector<QualityPoint>& points,
+                                              double reference, double share) {
+  std::vector<size_t> order(points.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return points[a].budget < points[b].budget; });
+  std::optional<size_t> best;
+  // From the largest budget down: the answer is the last budget of the unbroken run that keeps it.
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    if (points[*it].quality < share * reference) break;
+    best = *it;
+  }
+  return best;
+}
+
+}  // namespace ekva
