@@ -1,6 +1,7 @@
 // `ekva roofline` end to end: the JSON interface, the plan, measured and chart options, errors.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -34,7 +35,10 @@ const std::string kMixtral = std::string(EKVA_FIXTURES) + "/configs/mixtral-8x7b
 class RooflineCli : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() / "ekva_roofline_cli_test";
+    // ctest runs each test in its own process, concurrently: one directory per process and test.
+    dir_ = std::filesystem::temp_directory_path() /
+           ("ekva_roofline_cli_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
     std::filesystem::create_directories(dir_);
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }

@@ -1,6 +1,7 @@
 #include "roofline/measured.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -14,7 +15,10 @@ namespace {
 class MeasuredTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() / "ekva_roofline_measured_test";
+    // ctest runs each test in its own process, concurrently: one directory per process and test.
+    dir_ = std::filesystem::temp_directory_path() /
+           ("ekva_roofline_measured_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
     std::filesystem::create_directories(dir_);
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
