@@ -9,25 +9,16 @@
 #include <nlohmann/json.hpp>
 
 #include "io/safetensors.h"
+#include "support/run_ekva.h"
 
 namespace ekva {
 namespace {
 
 namespace fs = std::filesystem;
-
-struct CommandResult {
-  int code;
-  std::string out;  // stdout and stderr together
-};
+using testing::CommandResult;
 
 CommandResult ekva(const std::string& args) {
-  const std::string cmd = std::string(EKVA_BINARY) + " " + args + " 2>&1";
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf{};
-  while (size_t n = std::fread(buf.data(), 1, buf.size(), pipe)) out.append(buf.data(), n);
-  const int status = ::pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  return testing::run_ekva(args);
 }
 
 const std::string kMixtral = std::string(EKVA_FIXTURES) + "/hf-tiny/tiny-mixtral";

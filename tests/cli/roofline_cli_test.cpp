@@ -11,24 +11,10 @@
 
 #include "io/model_config.h"
 #include "kv/budget_plan.h"
+#include "support/run_ekva.h"
 
 namespace ekva {
 namespace {
-
-struct Result {
-  int code;
-  std::string out;
-};
-
-Result ekva_run(const std::string& args) {
-  const std::string cmd = std::string(EKVA_BINARY) + " " + args + " 2>&1";
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf{};
-  while (size_t n = std::fread(buf.data(), 1, buf.size(), pipe)) out.append(buf.data(), n);
-  const int status = ::pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
 
 const std::string kMixtral = std::string(EKVA_FIXTURES) + "/configs/mixtral-8x7b";
 
@@ -46,8 +32,8 @@ class RooflineCli : public ::testing::Test {
 };
 
 TEST_F(RooflineCli, JsonHasTheDocumentedFields) {
-  const Result r = ekva_run("roofline --model " + kMixtral +
-                            "/config.json --hw h200 --batch 16 --context 4096 --json");
+  const testing::CommandResult r = testing::run_ekva(
+      "roofline --model " + kMixtral + "/config.json --hw h200 --batch 16 --context 4096 --json");
   ASSERT_EQ(r.code, 0) << r.out;
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["kv_bytes_per_token"].get<double>(), 131072);
@@ -69,22 +55,24 @@ TEST_F(RooflineCli, PlanPrefillSvgAndMeasured) {
   const auto plan = dir_ / "plan.json";
   BudgetPlan::uniform(spec, 8, BudgetPlan::Unit::kFraction, 0.25).save(plan);
   const std::string base = "roofline --model " + kMixtral + " --hw h200 --batch 4 --context 4000";
-  const auto full = nlohmann::json::parse(ekva_run(base + " --json").out);
-  const Result r = ekva_run(base + " --json --plan " + plan.string());
+  const auto full = nlohmann::json::parse(testing::run_ekva(base + " --json").out);
+  const testing::CommandResult r = testing::run_ekva(base + " --json --plan " + plan.string());
   ASSERT_EQ(r.code, 0) << r.out;
   const auto planned = nlohmann::json::parse(r.out);
   EXPECT_NEAR(planned["kv_bytes_per_sequence"].get<double>(),
               full["kv_bytes_per_sequence"].get<double>() / 4, 1.0);
   EXPECT_LT(planned["time_s"].get<double>(), full["time_s"].get<double>());
 
-  const auto prefill = nlohmann::json::parse(ekva_run(base + " --phase prefill --json").out);
+  const auto prefill =
+      nlohmann::json::parse(testing::run_ekva(base + " --phase prefill --json").out);
   EXPECT_EQ(prefill["bound"], "compute");
 
   const auto svg = dir_ / "chart.svg";
   const auto measured = dir_ / "measured.json";
   std::ofstream(measured) << R"({"hardware": "h200", "measurements": [
       {"operator": "attention", "batch": 16, "context": 4096, "time_s": 5e-5}]})";
-  const Result m = ekva_run(base + " --svg " + svg.string() + " --measured " + measured.string());
+  const testing::CommandResult m =
+      testing::run_ekva(base + " --svg " + svg.string() + " --measured " + measured.string());
   ASSERT_EQ(m.code, 0) << m.out;
   EXPECT_NE(m.out.find("mean absolute error"), std::string::npos) << m.out;
   std::ifstream in(svg);
@@ -94,8 +82,9 @@ TEST_F(RooflineCli, PlanPrefillSvgAndMeasured) {
 }
 
 TEST_F(RooflineCli, SearchReportsTheBudgetAndBatch) {
-  const Result r = ekva_run("roofline search --model " + kMixtral +
-                            " --hw h200 --context 32768 --memory-cap-gib 141 --json");
+  const testing::CommandResult r =
+      testing::run_ekva("roofline search --model " + kMixtral +
+                        " --hw h200 --context 32768 --memory-cap-gib 141 --json");
   ASSERT_EQ(r.code, 0) << r.out;
   const auto j = nlohmann::json::parse(r.out);
   ASSERT_FALSE(j["chosen"].is_null());
@@ -104,19 +93,21 @@ TEST_F(RooflineCli, SearchReportsTheBudgetAndBatch) {
 }
 
 TEST_F(RooflineCli, BadInputsFailWithAMessage) {
-  Result r = ekva_run("roofline --model " + kMixtral + " --hw no-such-gpu --context 10");
+  testing::CommandResult r =
+      testing::run_ekva("roofline --model " + kMixtral + " --hw no-such-gpu --context 10");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.out.find("hardware 'no-such-gpu'"), std::string::npos) << r.out;
   const auto bad = dir_ / "bad.json";
   std::ofstream(bad) << R"({"name": "x", "kind": "gpu", "memory_gib": 0,
                            "memory_bandwidth_gbps": 1, "peak_tflops": {"fp32": 1}})";
-  r = ekva_run("roofline --model " + kMixtral + " --hw-file " + bad.string() + " --context 10");
+  r = testing::run_ekva("roofline --model " + kMixtral + " --hw-file " + bad.string() +
+                        " --context 10");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.out.find("'memory_gib' must be a positive number"), std::string::npos) << r.out;
-  r = ekva_run("roofline --model " + kMixtral + " --hw h200 --context 10 --kv-dtype fp6");
+  r = testing::run_ekva("roofline --model " + kMixtral + " --hw h200 --context 10 --kv-dtype fp6");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.out.find("--kv-dtype"), std::string::npos) << r.out;
-  r = ekva_run("roofline search --model " + kMixtral + " --hw h200 --context 100");
+  r = testing::run_ekva("roofline search --model " + kMixtral + " --hw h200 --context 100");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.out.find("exactly one target"), std::string::npos) << r.out;
 }
