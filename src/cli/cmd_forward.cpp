@@ -8,15 +8,6 @@
 namespace ekva::cli {
 namespace {
 
-class RouterCapture : public ForwardObserver {
- public:
-  explicit RouterCapture(int num_moe_layers) : logits(num_moe_layers) {}
-  void on_router_logits(int, int moe_index, const float* l, int n, int e) override {
-    logits[moe_index].insert(logits[moe_index].end(), l, l + static_cast<size_t>(n) * e);
-  }
-  std::vector<std::vector<float>> logits;
-};
-
 int run_forward(const std::string& model_dir, const std::string& input, const std::string& out) {
   const auto model = Model::load(model_dir);
   const ModelSpec& s = model->spec();
@@ -43,7 +34,7 @@ int run_forward(const std::string& model_dir, const std::string& input, const st
       batch.add(static_cast<int32_t>(tok), b, t);
     }
   }
-  RouterCapture capture(s.num_moe_layers());
+  RouterLogitsRecorder capture;
   Forward forward(*model, cache);
   const std::vector<float> logits = forward.run(batch, &capture);
   std::vector<TensorToWrite> tensors;

@@ -45,6 +45,17 @@ class ForwardObserver {
                                const int32_t* /*experts*/, const float* /*gates*/, int /*top_k*/) {}
 };
 
+// Keeps every MoE layer's router logits, in the layout of Hugging Face's output_router_logits:
+// logits[moe_index] is [tokens of the batch, num_experts].
+class RouterLogitsRecorder : public ForwardObserver {
+ public:
+  void on_router_logits(int, int moe_index, const float* l, int n, int e) override {
+    if (static_cast<int>(logits.size()) <= moe_index) logits.resize(moe_index + 1);
+    logits[moe_index].insert(logits[moe_index].end(), l, l + static_cast<size_t>(n) * e);
+  }
+  std::vector<std::vector<float>> logits;
+};
+
 class Forward {
  public:
   Forward(const Model& model, KvCache& cache);

@@ -16,15 +16,6 @@ namespace {
 const std::string kModelDir = std::string(EKVA_FIXTURES) + "/../../models/ekva-moe-8m";
 const std::string kReference = std::string(EKVA_FIXTURES) + "/ekva-moe-8m/reference.safetensors";
 
-class RouterCapture : public ForwardObserver {
- public:
-  void on_router_logits(int, int moe_index, const float* l, int n, int e) override {
-    if (static_cast<int>(logits.size()) <= moe_index) logits.resize(moe_index + 1);
-    logits[moe_index].insert(logits[moe_index].end(), l, l + static_cast<size_t>(n) * e);
-  }
-  std::vector<std::vector<float>> logits;
-};
-
 double max_abs_difference(const float* a, const float* b, size_t n) {
   double err = 0;
   for (size_t i = 0; i < n; ++i) err = std::max(err, static_cast<double>(std::fabs(a[i] - b[i])));
@@ -48,7 +39,7 @@ TEST(DefaultModel, LogitsAndRouterLogitsMatchTransformers) {
   for (int b = 0; b < B; ++b) {
     for (int t = 0; t < T; ++t) batch.add(tokens[b * T + t], b, t);
   }
-  RouterCapture capture;
+  RouterLogitsRecorder capture;
   const std::vector<float> logits = Forward(*model, cache).run(batch, &capture);
   const TensorView& want = ref.get("logits");
   ASSERT_EQ(static_cast<size_t>(want.numel()), logits.size());

@@ -13,15 +13,6 @@
 namespace ekva {
 namespace {
 
-class RouterCapture : public ForwardObserver {
- public:
-  void on_router_logits(int, int moe_index, const float* l, int n, int e) override {
-    if (static_cast<int>(logits.size()) <= moe_index) logits.resize(moe_index + 1);
-    logits[moe_index].insert(logits[moe_index].end(), l, l + static_cast<size_t>(n) * e);
-  }
-  std::vector<std::vector<float>> logits;
-};
-
 std::string fixture(const std::string& name) {
   return std::string(EKVA_FIXTURES) + "/hf-tiny/" + name;
 }
@@ -51,7 +42,7 @@ TEST_P(Parity, BatchedForwardMatchesLogitsAndRouterLogits) {
       batch.add(static_cast<int32_t>(static_cast<const int64_t*>(ids.data)[b * T + t]), b, t);
     }
   }
-  RouterCapture capture;
+  RouterLogitsRecorder capture;
   const std::vector<float> logits = Forward(*model, cache).run(batch, &capture);
   const TensorView& want = ref.get("logits");
   ASSERT_EQ(static_cast<size_t>(want.numel()), logits.size());
