@@ -21,7 +21,7 @@ import sentencepiece
 
 TASKS = ["passkey", "multikey-needle", "kv-retrieval", "variable-tracking"]
 # (bucket width, prompt lengths) with instances per task and prompt length; kv-retrieval, the
-# hardest, gets twice as many.
+# hardest, gets three times as many.
 BUCKETS = [(1024, [480, 984]), (2048, [1000, 2000]), (4096, [2000, 3000, 4056])]
 PER_TASK = {1024: 400, 2048: 400, 4096: 500}
 EVAL_PROMPT_TOKENS = 4064
@@ -126,7 +126,7 @@ def main():
         rows = []
         for context in contexts:
             for task in TASKS:
-                n = PER_TASK[width] * (2 if task == "kv-retrieval" else 1)
+                n = PER_TASK[width] * (3 if task == "kv-retrieval" else 1)
                 prose = n // 4 if task in ("passkey", "multikey-needle") else 0
                 instances = run_tasks(args.ekva, tokenizer, task, context, n - prose, seed)
                 if prose:

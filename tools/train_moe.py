@@ -173,13 +173,15 @@ class Mixtral(nn.Module):
 
 
 def load_balancing_loss(routing, n_experts, k):
-    # Hugging Face's load_balancing_loss_func over all layers' tokens.
-    probs = torch.cat([p for _, p, _ in routing], 0)
-    top_i = torch.cat([i for _, _, i in routing], 0)
-    mask = F.one_hot(top_i, n_experts).float()  # [N, k, E]
-    tokens_per_expert = mask.mean(0)
-    prob_per_expert = probs.mean(0)
-    return (tokens_per_expert * prob_per_expert.unsqueeze(0)).sum() * n_experts
+    # Hugging Face's load_balancing_loss_func, but per layer and averaged: over all layers' tokens
+    # together it balances only the sum, and left experts of single layers nearly unused.
+    total = 0.0
+    for _, probs, top_i in routing:
+        mask = F.one_hot(top_i, n_experts).float()  # [N, k, E]
+        tokens_per_expert = mask.mean(0)
+        prob_per_expert = probs.mean(0)
+        total = total + (tokens_per_expert * prob_per_expert.unsqueeze(0)).sum() * n_experts
+    return total / len(routing)
 
 
 def read_u16(path):

@@ -269,8 +269,12 @@ TaskInstance kv_retrieval(uint64_t seed, Rng& rng, const TaskOptions& options,
                           const TokenCounter& count_tokens) {
   const std::string header =
       "Extract the value corresponding to the specified key in the JSON object below.\n{";
-  const std::string question_head = "\n}\nWhat is the value of the key \"";
-  const std::string question_tail = "\"? The value is";
+  // The question ends by restating the asked key's entry up to its value's opening quote, so the
+  // answer's tokens are exactly those of the value in the context (after a space the first hex
+  // letters would tokenize differently).
+  const auto question_for = [](const std::string& key) {
+    return "\n}\nWhat is the value of the key \"" + key + "\"?\nAnswer: \"" + key + "\": \"";
+  };
   auto line = [](const std::pair<std::string, std::string>& kv) {
     return "\n  \"" + kv.first + "\": \"" + kv.second + "\",";
   };
@@ -279,7 +283,7 @@ TaskInstance kv_retrieval(uint64_t seed, Rng& rng, const TaskOptions& options,
   };
   // A question naming a key takes about as many tokens as one with any other key of the form.
   const size_t fixed =
-      count_tokens(header) + tokens_after(count_tokens, question_head + "00000000" + question_tail);
+      count_tokens(header) + tokens_after(count_tokens, question_for("00000000"));
   if (fixed > options.prompt_tokens) {
     fail(ErrorKind::kInvalidArgument, "task kv-retrieval: a prompt of {} tokens is too short",
          options.prompt_tokens);
@@ -304,8 +308,8 @@ TaskInstance kv_retrieval(uint64_t seed, Rng& rng, const TaskOptions& options,
     const auto& asked = pairs[asked_draw % pairs.size()];
     instance.context = header;
     for (const auto& kv : pairs) instance.context += line(kv);
-    instance.question = question_head + asked.first + question_tail;
-    instance.answer = " " + asked.second;
+    instance.question = question_for(asked.first);
+    instance.answer = asked.second;
     instance.prompt_tokens = count_tokens(instance.prompt());
   };
   assemble();

@@ -21,7 +21,8 @@ const std::vector<TaskKind>& all_tasks();
 
 // One instance: the prompt is context + question, and the model should continue it with answer.
 // The answer starts with a space and the question ends without one, so a tokenizer that splits at
-// whitespace tokenizes the prompt as a prefix of prompt + answer.
+// whitespace tokenizes the prompt as a prefix of prompt + answer; kv-retrieval's answer instead
+// follows an opening quote, as its value does in the context.
 struct TaskInstance {
   TaskKind kind;
   uint64_t seed;
