@@ -3,6 +3,8 @@
 // never holds a whole working set). Prints a table and writes every measurement as JSON.
 //
 //   cuda_decode_attention_bench [--out results.json] [--quick]
+//   cuda_decode_attention_bench --only B L    (one attention configuration, uniform and ragged)
+//   cuda_decode_attention_bench --compaction  (the compaction alone)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -256,9 +258,11 @@ int run(int argc, char** argv) {
   bool quick = false;
   int only_batch = 0;  // --only B L: one attention configuration (for profilers), nothing else
   int only_context = 0;
+  bool compaction_only = false;  // --compaction: the compaction at B = 32, L = 16k, nothing else
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--out") == 0 && i + 1 < argc) out_path = argv[++i];
     if (std::strcmp(argv[i], "--quick") == 0) quick = true;
+    if (std::strcmp(argv[i], "--compaction") == 0) compaction_only = true;
     if (std::strcmp(argv[i], "--only") == 0 && i + 2 < argc) {
       only_batch = std::atoi(argv[++i]);
       only_context = std::atoi(argv[++i]);
@@ -269,16 +273,32 @@ int run(int argc, char** argv) {
   cudaDeviceProp prop;
   EKVA_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
 
-  if (only_batch > 0) {
+  if (only_batch > 0 || compaction_only) {
+    // One configuration (for profilers and quick comparisons): a pool just big enough for it.
+    const int batch = only_batch > 0 ? only_batch : 32;
+    const int context = only_batch > 0 ? only_context : 16384;
     Pool pool;
-    pool.pages = static_cast<int64_t>(only_batch) * only_context * kNumKvHeads / kPageSize + 4096;
+    pool.pages = static_cast<int64_t>(batch) * context * kNumKvHeads / kPageSize + 4096;
     pool.data = DeviceBuffer<uint16_t>(static_cast<size_t>(pool.pages) * 2 * kPageSize * kHeadDim);
     fill_random(pool.data.data(), pool.data.size(), 1234);
     std::mt19937 rng(42);
-    const std::vector<int32_t> uniform(static_cast<size_t>(only_batch) * kNumKvHeads, only_context);
-    const AttentionResult u = time_attention(pool, only_batch, uniform, false, rng, stream);
-    std::printf("B=%d L=%d: %.2f us, %.3f TB/s\n", only_batch, only_context, u.ms * 1e3,
-                u.bytes / (u.ms * 1e-3) / 1e12);
+    if (compaction_only) {
+      const double copy_bw = copy_bandwidth(stream);
+      const CompactionResult c = time_compaction(pool, batch, context, 0.5, rng, stream);
+      const CompactionResult scan = time_compaction(pool, batch, context, 0.0, rng, stream);
+      const double bw = c.moved_bytes / (c.ms * 1e-3);
+      std::printf(
+          "compaction B=%d L=%d evict 50%%: %.1f us (scan only %.1f us), %.3f TB/s = %.0f%% of "
+          "copy %.3f TB/s\n",
+          batch, context, c.ms * 1e3, scan.ms * 1e3, bw / 1e12, 100 * bw / copy_bw, copy_bw / 1e12);
+      return 0;
+    }
+    const std::vector<int32_t> uniform(static_cast<size_t>(batch) * kNumKvHeads, context);
+    const AttentionResult u = time_attention(pool, batch, uniform, false, rng, stream);
+    const AttentionResult r = time_attention(
+        pool, batch, ragged_lengths(batch * kNumKvHeads, context, rng), false, rng, stream);
+    std::printf("B=%d L=%d: %.2f us, %.3f TB/s; ragged %.2f us (%.3f)\n", batch, context,
+                u.ms * 1e3, u.bytes / (u.ms * 1e-3) / 1e12, r.ms * 1e3, r.ms / u.ms);
     return 0;
   }
   const double copy_bw = copy_bandwidth(stream);

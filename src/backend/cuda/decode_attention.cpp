@@ -25,8 +25,8 @@ size_t align_up(size_t bytes) {
 
 void fail_unsupported_decode_shape(int head_dim, int group) {
   fail(ErrorKind::kUnsupported,
-       "CUDA decode attention: head_dim {} with GQA group {} is not implemented (head_dim 64 or "
-       "128, group 1, 4 or 8)",
+       "CUDA decode attention: head_dim {} with GQA group {} is not implemented (head_dim 32, 64 "
+       "or 128, group 1, 2, 4 or 8)",
        head_dim, group);
 }
 
@@ -41,11 +41,11 @@ std::string DecodeAttentionPlan::unsupported_reason(const DecodeAttentionShape& 
                        shape.num_kv_heads);
   }
   const int group = shape.num_q_heads / shape.num_kv_heads;
-  if (shape.head_dim != 64 && shape.head_dim != 128) {
-    return fmt::format("head_dim {} is not implemented (64 or 128)", shape.head_dim);
+  if (shape.head_dim != 32 && shape.head_dim != 64 && shape.head_dim != 128) {
+    return fmt::format("head_dim {} is not implemented (32, 64 or 128)", shape.head_dim);
   }
-  if (group != 1 && group != 4 && group != 8) {
-    return fmt::format("GQA group {} is not implemented (1, 4 or 8)", group);
+  if (group != 1 && group != 2 && group != 4 && group != 8) {
+    return fmt::format("GQA group {} is not implemented (1, 2, 4 or 8)", group);
   }
   return {};
 }
@@ -94,6 +94,7 @@ DecodeAttentionPlan::DecodeAttentionPlan(const DecodeAttentionShape& shape,
   std::vector<int32_t> segment_token_offsets = {0};
   int64_t filled = 0;
   for (int s = 0; s < num_segments; ++s) {
+    if (lengths[s] == 0) pieces.insert(pieces.end(), {s, 0, 0, 0});
     int64_t start = 0;
     while (start < lengths[s]) {
       const int64_t take = std::min<int64_t>(lengths[s] - start, quota - filled);
@@ -109,7 +110,9 @@ DecodeAttentionPlan::DecodeAttentionPlan(const DecodeAttentionShape& shape,
     segment_piece_offsets.push_back(static_cast<int32_t>(pieces.size() / 4));
     segment_token_offsets.push_back(segment_token_offsets.back() + lengths[s]);
   }
-  if (filled > 0) cta_offsets.push_back(static_cast<int32_t>(pieces.size() / 4));
+  if (static_cast<int32_t>(pieces.size() / 4) > cta_offsets.back()) {
+    cta_offsets.push_back(static_cast<int32_t>(pieces.size() / 4));
+  }
   num_pieces_ = static_cast<int>(pieces.size() / 4);
   num_ctas_ = static_cast<int>(cta_offsets.size()) - 1;
 
@@ -118,8 +121,9 @@ DecodeAttentionPlan::DecodeAttentionPlan(const DecodeAttentionShape& shape,
   schedule_.insert(schedule_.end(), segment_piece_offsets.begin(), segment_piece_offsets.end());
   schedule_.insert(schedule_.end(), segment_token_offsets.begin(), segment_token_offsets.end());
 
-  const size_t partials = static_cast<size_t>(num_pieces_) * kDecodeWarps * group;
-  partial_o_offset_ = align_up(schedule_.size() * sizeof(int32_t));
+  const size_t partials = static_cast<size_t>(num_pieces_) * group;
+  counters_offset_ = align_up(schedule_.size() * sizeof(int32_t));
+  partial_o_offset_ = counters_offset_ + align_up(num_segments * sizeof(int32_t));
   partial_ml_offset_ = partial_o_offset_ + align_up(partials * shape.head_dim * sizeof(float));
   logits_offset_ = partial_ml_offset_ + align_up(partials * sizeof(float2));
   workspace_bytes_ =
@@ -134,6 +138,9 @@ void DecodeAttentionPlan::upload(void* workspace, cudaStream_t stream) const {
   }
   EKVA_CUDA_CHECK(cudaMemcpyAsync(workspace, schedule_.data(), schedule_.size() * sizeof(int32_t),
                                   cudaMemcpyHostToDevice, stream));
+  const size_t num_segments = static_cast<size_t>(shape_.num_sequences) * shape_.num_kv_heads;
+  EKVA_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(workspace) + counters_offset_, 0,
+                                  num_segments * sizeof(int32_t), stream));
 }
 
 void DecodeAttentionPlan::run(const PagedKvLayer& kv, const uint16_t* q, uint16_t* out,
@@ -172,6 +179,7 @@ void DecodeAttentionPlan::run(const PagedKvLayer& kv, const uint16_t* q, uint16_
   launch.partial_o = reinterpret_cast<float*>(base + partial_o_offset_);
   launch.partial_ml = reinterpret_cast<float2*>(base + partial_ml_offset_);
   launch.logits = shape_.with_scores ? reinterpret_cast<float*>(base + logits_offset_) : nullptr;
+  launch.segment_counters = reinterpret_cast<int32_t*>(base + counters_offset_);
   launch.num_ctas = num_ctas_;
   launch.num_segments = num_segments;
   launch.num_q_heads = shape_.num_q_heads;

@@ -2,9 +2,11 @@
 // grid). Each CTA streams its tiles of 64 slots through a cp.async pipeline; each of its four warps
 // takes 16 slots of a tile and runs Q·Kᵀ and P·V on the tensor cores with the group's query heads
 // as the rows of a 16-row fragment, so every K/V byte is read once for the whole group. Warps keep
-// their own online-softmax state and write one partial per piece; a second kernel merges the
-// partials of each segment, normalises, and (optionally) turns the stored logits into per-slot
-// weights summed over the group.
+// their own online-softmax state and merge it in shared memory at the end of a piece. A segment
+// of one piece is written out at once; otherwise the CTA that finishes the last of a segment's
+// pieces merges their partials (a per-segment counter in the workspace says which CTA that is).
+// With per-slot scores a second kernel merges instead: their weights need the whole segment's
+// maximum before any slot is scored.
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -36,6 +38,13 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
   using Cfg = TileConfig<D>;
   static_assert(G <= 8, "the group's query heads are the low 8 rows of a 16-row fragment");
   extern __shared__ __align__(16) uint16_t smem[];
+  // The CTA's merge of its warps: per-warp maxima, then the scaled sums of all four warps. Rows
+  // are padded by 8 floats so that the quads of the group's heads hit distinct banks.
+  constexpr int kMergeRow = D + 8;
+  __shared__ float warp_max[kDecodeWarps][G];
+  __shared__ float merged_o[G * kMergeRow];
+  __shared__ float2 merged_ml[G];
+  __shared__ int merges_segment;
   const uint32_t smem_base = shared_address(smem);
 
   const int piece_begin = p.cta_piece_offsets[blockIdx.x];
@@ -47,7 +56,9 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
   const int row_g = lane / 4;  // fragment row: the query head of the group
   const int quad = lane % 4;
   const int ps = p.page_size;
-
+  // K/V are read once per step: they should not push out of L2 what is read again (block tables,
+  // partials, the other layers' queries).
+  const uint64_t stream_policy = evict_first_policy();
   // Loader: the cursor names the tile after the one whose page ids are held in registers. The ids
   // of a tile are fetched one issue ahead, so their latency hides behind a tile of compute.
   // Each warp copies its own 16 rows of every tile, so a warp waits for its data alone (no CTA
@@ -99,8 +110,9 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
             valid ? p.pool + (static_cast<int64_t>(held_ids[i]) * 2 * ps + row) * D + load_chunk * 8
                   : p.pool;
         const uint32_t offset = (r * Cfg::kRowElems + load_chunk * 8) * 2;
-        cp_async_16(k_dst + offset, k_src, valid);
-        cp_async_16(v_dst + offset, valid ? k_src + static_cast<int64_t>(ps) * D : p.pool, valid);
+        cp_async_16(k_dst + offset, k_src, valid, stream_policy);
+        cp_async_16(v_dst + offset, valid ? k_src + static_cast<int64_t>(ps) * D : p.pool, valid,
+                    stream_policy);
       }
     }
     cp_async_commit();
@@ -134,19 +146,126 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
     if (p.logits != nullptr) logit_base = p.segment_token_offsets[info.x];
   };
 
+  // Normalised output row element e (head e / D, dim e % D) of segment `segment`.
+  const auto write_out = [&](int segment, int e, float value) {
+    const int seq = segment / p.num_kv_heads;
+    const int kv_head = segment - seq * p.num_kv_heads;
+    p.out[(static_cast<int64_t>(seq) * p.num_q_heads + kv_head * G) * D + e] = to_bf16_bits(value);
+  };
+
   const auto end_piece = [&]() {
     float sum = row_sum;
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    if (row_g < G && quad == 0) warp_max[warp][row_g] = row_max;
+    __syncthreads();
+    float scale = 0.0f;
     if (row_g < G) {
-      const int64_t index = (static_cast<int64_t>(piece) * kDecodeWarps + warp) * G + row_g;
-      float* dst = p.partial_o + index * D + quad * 2;
+      float cta_max = warp_max[0][row_g];
+#pragma unroll
+      for (int w = 1; w < kDecodeWarps; ++w) cta_max = fmaxf(cta_max, warp_max[w][row_g]);
+      // A warp that saw no slot of the piece (row_max = -inf) adds nothing.
+      scale = row_max == -INFINITY ? 0.0f : exp2f(row_max - cta_max);
+      if (warp == 0) {
+        float* dst = merged_o + row_g * kMergeRow + quad * 2;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+          dst[n * 8] = o[n][0] * scale;
+          dst[n * 8 + 1] = o[n][1] * scale;
+        }
+        if (quad == 0) merged_ml[row_g] = make_float2(cta_max, sum * scale);
+      }
+    }
+    __syncthreads();
+    if (row_g < G && warp != 0) {
+      float* dst = merged_o + row_g * kMergeRow + quad * 2;
 #pragma unroll
       for (int n = 0; n < D / 8; ++n) {
-        *reinterpret_cast<float2*>(dst + n * 8) = make_float2(o[n][0], o[n][1]);
+        atomicAdd(dst + n * 8, o[n][0] * scale);
+        atomicAdd(dst + n * 8 + 1, o[n][1] * scale);
       }
-      if (quad == 0) p.partial_ml[index] = make_float2(row_max, sum);
+      if (quad == 0) atomicAdd(&merged_ml[row_g].y, sum * scale);
     }
+    __syncthreads();
+
+    const int segment = info.x;
+    const int first = p.segment_piece_offsets[segment];
+    const int count = p.segment_piece_offsets[segment + 1] - first;
+    if (count == 1 && p.scores == nullptr) {
+      for (int e = threadIdx.x; e < G * D; e += kThreads) {
+        const float2 ml = merged_ml[e / D];
+        write_out(segment, e, ml.y > 0.0f ? merged_o[(e / D) * kMergeRow + e % D] / ml.y : 0.0f);
+      }
+      return;
+    }
+    for (int e = threadIdx.x; e < G * D; e += kThreads) {
+      p.partial_o[static_cast<int64_t>(piece) * G * D + e] = merged_o[(e / D) * kMergeRow + e % D];
+    }
+    if (threadIdx.x < G) p.partial_ml[piece * G + threadIdx.x] = merged_ml[threadIdx.x];
+    if (p.scores != nullptr) return;  // the reduction kernel merges
+
+    // The last CTA to finish a piece of the segment merges them all; it then resets the counter
+    // for the next run.
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      merges_segment = atomicAdd(p.segment_counters + segment, 1) == count - 1;
+    }
+    __syncthreads();
+    if (!merges_segment) return;
+    __threadfence();
+    // Other CTAs wrote the partials during this launch: read them from L2, never from L1. A
+    // thread per 4-float column of the group's output loads kBatch pieces before using any, then
+    // folds them into its running maximum, sum and column.
+    constexpr int kColumns = G * D / 4;
+    constexpr int kBatch = 16;
+    for (int c = threadIdx.x; c < kColumns; c += kThreads) {
+      const int head = c * 4 / D;
+      float m = -INFINITY;
+      float l = 0.0f;
+      float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      for (int j0 = first; j0 < first + count; j0 += kBatch) {
+        float2 ml[kBatch];
+        float4 v[kBatch];
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) {
+          const int j = j0 + i;
+          ml[i] = make_float2(-INFINITY, 0.0f);
+          v[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+          if (j < first + count) {
+            ml[i] = __ldcg(&p.partial_ml[j * G + head]);
+            v[i] = __ldcg(
+                reinterpret_cast<const float4*>(p.partial_o + static_cast<int64_t>(j) * G * D) + c);
+          }
+        }
+        float top = m;
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) top = fmaxf(top, ml[i].x);
+        if (top == -INFINITY) continue;  // nothing seen yet
+        const float rescale = exp2f(m - top);
+        l *= rescale;
+        acc.x *= rescale;
+        acc.y *= rescale;
+        acc.z *= rescale;
+        acc.w *= rescale;
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) {
+          const float weight = exp2f(ml[i].x - top);
+          l += weight * ml[i].y;
+          acc.x += weight * v[i].x;
+          acc.y += weight * v[i].y;
+          acc.z += weight * v[i].z;
+          acc.w += weight * v[i].w;
+        }
+        m = top;
+      }
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      write_out(segment, c * 4, acc.x * inv);
+      write_out(segment, c * 4 + 1, acc.y * inv);
+      write_out(segment, c * 4 + 2, acc.z * inv);
+      write_out(segment, c * 4 + 3, acc.w * inv);
+    }
+    if (threadIdx.x == 0) p.segment_counters[segment] = 0;
   };
 
   fetch_ids();
@@ -252,10 +371,9 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
 
 constexpr int kReduceWarps = 8;
 
-// Grid (segment, head of the group): merges the warps' partials of every piece of the segment
-// (a warp per partial row at a time, a lane per 32nd of the head), writes the normalised output
-// and, when asked, the per-slot weights summed over the group (slots shared among the group's
-// CTAs).
+// With per-slot scores. Grid (segment, head of the group): merges the partials of the segment's
+// pieces (a warp per partial at a time, a lane per 32nd of the head), writes the normalised output
+// and the per-slot weights summed over the group (slots shared among the group's CTAs).
 template <int D, int G>
 __global__ void __launch_bounds__(kReduceWarps * 32) decode_reduce_kernel(const DecodeLaunch p) {
   __shared__ float head_max[G];
@@ -267,18 +385,18 @@ __global__ void __launch_bounds__(kReduceWarps * 32) decode_reduce_kernel(const 
   const int lane = threadIdx.x % 32;
   const int seq = segment / p.num_kv_heads;
   const int kv_head = segment - seq * p.num_kv_heads;
-  const int first = p.segment_piece_offsets[segment] * kDecodeWarps;
-  const int last = p.segment_piece_offsets[segment + 1] * kDecodeWarps;
+  const int first = p.segment_piece_offsets[segment];
+  const int last = p.segment_piece_offsets[segment + 1];
 
   if (warp < G) {
     float m = -INFINITY;
-    for (int w = first + lane; w < last; w += 32) m = fmaxf(m, p.partial_ml[w * G + warp].x);
+    for (int j = first + lane; j < last; j += 32) m = fmaxf(m, p.partial_ml[j * G + warp].x);
 #pragma unroll
     for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
     float sum = 0.0f;
     if (m != -INFINITY) {
-      for (int w = first + lane; w < last; w += 32) {
-        const float2 ml = p.partial_ml[w * G + warp];
+      for (int j = first + lane; j < last; j += 32) {
+        const float2 ml = p.partial_ml[j * G + warp];
         sum += exp2f(ml.x - m) * ml.y;
       }
     }
@@ -295,8 +413,8 @@ __global__ void __launch_bounds__(kReduceWarps * 32) decode_reduce_kernel(const 
   float acc[D / 32] = {};
   if (m != -INFINITY) {
 #pragma unroll 4
-    for (int w = first + warp; w < last; w += kReduceWarps) {
-      const int64_t index = static_cast<int64_t>(w) * G + head;
+    for (int j = first + warp; j < last; j += kReduceWarps) {
+      const int64_t index = static_cast<int64_t>(j) * G + head;
       const float weight = exp2f(p.partial_ml[index].x - m);
 #pragma unroll
       for (int i = 0; i < D / 32; ++i) acc[i] += weight * p.partial_o[index * D + i * 32 + lane];
@@ -314,18 +432,16 @@ __global__ void __launch_bounds__(kReduceWarps * 32) decode_reduce_kernel(const 
     p.out[out_index] = to_bf16_bits(total * head_inv_sum[head]);
   }
 
-  if (p.scores != nullptr) {
-    const int64_t base = p.segment_token_offsets[segment];
-    const int length = static_cast<int>(p.segment_token_offsets[segment + 1] - base);
-    const int32_t* table = p.page_ids + p.page_offsets[segment];
-    for (int slot = head * blockDim.x + threadIdx.x; slot < length; slot += G * blockDim.x) {
-      float weight = 0.0f;
+  const int64_t base = p.segment_token_offsets[segment];
+  const int length = static_cast<int>(p.segment_token_offsets[segment + 1] - base);
+  const int32_t* table = p.page_ids + p.page_offsets[segment];
+  for (int slot = head * blockDim.x + threadIdx.x; slot < length; slot += G * blockDim.x) {
+    float weight = 0.0f;
 #pragma unroll
-      for (int h = 0; h < G; ++h) {
-        weight += exp2f(p.logits[(base + slot) * G + h] - head_max[h]) * head_inv_sum[h];
-      }
-      p.scores[pool_row(table, slot, p.page_size)] = weight;
+    for (int h = 0; h < G; ++h) {
+      weight += exp2f(p.logits[(base + slot) * G + h] - head_max[h]) * head_inv_sum[h];
     }
+    p.scores[pool_row(table, slot, p.page_size)] = weight;
   }
 }
 
@@ -349,14 +465,14 @@ void launch_decode_attention(const DecodeLaunch& launch, cudaStream_t stream) {
   dispatch_decode_shape(launch.head_dim, launch.group, [&](auto dim, auto grp) {
     constexpr int D = decltype(dim)::value;
     constexpr int G = decltype(grp)::value;
-    if (launch.num_ctas > 0) {
-      decode_attention_kernel<D, G>
-          <<<launch.num_ctas, kThreads, TileConfig<D>::kSmemBytes, stream>>>(launch);
+    decode_attention_kernel<D, G>
+        <<<launch.num_ctas, kThreads, TileConfig<D>::kSmemBytes, stream>>>(launch);
+    EKVA_CUDA_CHECK(cudaGetLastError());
+    if (launch.scores != nullptr) {
+      decode_reduce_kernel<D, G>
+          <<<dim3(launch.num_segments, G), kReduceWarps * 32, 0, stream>>>(launch);
       EKVA_CUDA_CHECK(cudaGetLastError());
     }
-    decode_reduce_kernel<D, G>
-        <<<dim3(launch.num_segments, G), kReduceWarps * 32, 0, stream>>>(launch);
-    EKVA_CUDA_CHECK(cudaGetLastError());
   });
 }
 

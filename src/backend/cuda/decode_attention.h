@@ -7,7 +7,8 @@
 // Plan/run split, as FlashInfer: the plan turns the host's lengths into a balanced schedule (each
 // CTA of a persistent grid gets the same number of tokens, cut across segments: split-K that fills
 // the GPU for one long sequence and for many short ones alike); upload() copies that schedule into
-// the caller's workspace; run() launches the attention kernel and the reduction of the splits.
+// the caller's workspace; run() launches the attention kernel, which also merges the splits (with
+// per-slot scores, a second kernel merges them).
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -41,7 +42,8 @@ class DecodeAttentionPlan {
   DecodeAttentionPlan(const DecodeAttentionShape& shape, std::span<const int32_t> lengths);
 
   size_t workspace_bytes() const { return workspace_bytes_; }
-  // Copies the schedule into the workspace (stream-ordered); needed once per plan and workspace.
+  // Copies the schedule into the workspace and zeroes the merge counters (stream-ordered); needed
+  // once per plan and workspace, as runs leave the counters at zero.
   void upload(void* workspace, cudaStream_t stream) const;
   // q and out: [num_sequences, num_q_heads, head_dim] bf16. scores: null, or (with_scores) a
   // pool-parallel float array that receives, for every retained slot, the attention weight summed
@@ -59,6 +61,7 @@ class DecodeAttentionPlan {
   int num_pieces_ = 0;
   int64_t total_tokens_ = 0;
   std::vector<int32_t> schedule_;  // pieces, CTA piece offsets, segment piece/token offsets
+  size_t counters_offset_ = 0;
   size_t partial_o_offset_ = 0;
   size_t partial_ml_offset_ = 0;
   size_t logits_offset_ = 0;

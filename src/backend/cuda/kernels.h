@@ -20,7 +20,8 @@ struct DecodeLaunch {
   const uint16_t* q;
   uint16_t* out;
   float* scores;  // pool-parallel, or null
-  // Schedule: piece = {segment, first slot, end slot, unused}; CTA c runs pieces
+  // Schedule: piece = {segment, first slot, end slot, unused} (an empty segment has one piece of
+  // no slots, so that its output is written too); CTA c runs pieces
   // [cta_piece_offsets[c], cta_piece_offsets[c + 1]); segment s's pieces are
   // [segment_piece_offsets[s], segment_piece_offsets[s + 1]); its slots start at
   // segment_token_offsets[s] in the logits scratch.
@@ -28,9 +29,11 @@ struct DecodeLaunch {
   const int32_t* cta_piece_offsets;
   const int32_t* segment_piece_offsets;
   const int32_t* segment_token_offsets;
-  float* partial_o;    // [pieces * kDecodeWarps * group, head_dim], unnormalised
-  float2* partial_ml;  // [pieces * kDecodeWarps * group]: running max (log2 units), sum
+  float* partial_o;    // [pieces * group, head_dim], unnormalised
+  float2* partial_ml;  // [pieces * group]: running max (log2 units), sum
   float* logits;       // [total tokens, group] in log2 units, or null
+  // [segments], zero between runs: pieces of each segment finished so far (runs without scores).
+  int32_t* segment_counters;
   int num_ctas;
   int num_segments;
   int num_q_heads;
@@ -73,9 +76,10 @@ struct CompactLaunch {
   const int32_t* page_offsets;
   int32_t* lengths;
   const uint8_t* evict_flags;  // pool-parallel
-  int32_t* move_dst;           // pool-parallel scratch: pool row of the rank-r hole
-  int32_t* move_src;           // pool-parallel scratch: pool row of the rank-r survivor
-  int32_t* move_counts;        // [num_segments]
+  // Scratch of one entry per pool row; segment s's stretch starts at page_offsets[s] * page_size.
+  int32_t* move_dst;     // pool row of the rank-r hole
+  int32_t* move_src;     // pool row of the rank-r survivor
+  int32_t* move_counts;  // [num_segments]
   int num_segments;
   int head_dim;
   int page_size;

@@ -62,7 +62,9 @@ constexpr int kPlanThreads = 1024;
 // the holes f_j < n end up holding resolve(length - j), where resolve(q) = q for an unflagged q and
 // resolve(length - i) for q = f_i: a chain through the flagged tail that only moves upward. The
 // chains are resolved by pointer jumping over the tail positions [n, length), stored in move_src
-// (pool-parallel by slot); the holes' move list goes to the rows of slots [0, holes), below n.
+// (indexed by slot); the holes' move list is slots [0, holes) of the segment's stretch of the
+// scratch arrays, which starts at page_offsets[segment] * page_size, so that the copy reads it
+// densely.
 __global__ void __launch_bounds__(kPlanThreads) plan_compaction_kernel(const CompactLaunch p) {
   using Reduce = cub::BlockReduce<int, kPlanThreads>;
   using Scan = cub::BlockScan<int, kPlanThreads>;
@@ -79,6 +81,9 @@ __global__ void __launch_bounds__(kPlanThreads) plan_compaction_kernel(const Com
   const auto row_of = [&](int slot) {
     return static_cast<int32_t>(pool_row(table, slot, p.page_size));
   };
+  const int64_t scratch = static_cast<int64_t>(p.page_offsets[segment]) * p.page_size;
+  int32_t* const move_dst = p.move_dst + scratch;
+  int32_t* const move_src = p.move_src + scratch;
 
   int local = 0;
   for (int slot = threadIdx.x; slot < length; slot += kPlanThreads) {
@@ -105,11 +110,11 @@ __global__ void __launch_bounds__(kPlanThreads) plan_compaction_kernel(const Com
       const int source = length - (k - prefix);  // length - j for the j-th highest flagged slot
       if (slot < kept) {
         if (flag) {
-          p.move_dst[row_of(prefix)] = row_of(slot);
-          p.move_src[row_of(prefix)] = source;
+          move_dst[prefix] = row_of(slot);
+          move_src[prefix] = source;
         }
       } else {
-        p.move_src[row_of(slot)] = flag ? source : slot;
+        move_src[slot] = flag ? source : slot;
       }
       if (slot == kept) holes = prefix;
     }
@@ -123,11 +128,11 @@ __global__ void __launch_bounds__(kPlanThreads) plan_compaction_kernel(const Com
     __syncthreads();
     bool moved = false;
     for (int slot = kept + threadIdx.x; slot < length; slot += kPlanThreads) {
-      const int32_t next = p.move_src[row_of(slot)];
+      const int32_t next = move_src[slot];
       if (next != slot) {
-        const int32_t after = p.move_src[row_of(next)];
+        const int32_t after = move_src[next];
         if (after != next) {
-          p.move_src[row_of(slot)] = after;
+          move_src[slot] = after;
           moved = true;
         }
       }
@@ -138,7 +143,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_compaction_kernel(const Com
   }
 
   for (int r = threadIdx.x; r < holes; r += kPlanThreads) {
-    p.move_src[row_of(r)] = row_of(p.move_src[row_of(p.move_src[row_of(r)])]);
+    move_src[r] = row_of(move_src[move_src[r]]);
   }
   if (threadIdx.x == 0) {
     p.move_counts[segment] = holes;
@@ -149,49 +154,44 @@ __global__ void __launch_bounds__(kPlanThreads) plan_compaction_kernel(const Com
 constexpr int kCopyThreads = 256;
 constexpr int kMovesInFlight = 4;
 
-// A warp per move (a lane per 16-byte chunk of the K row, then of the V row; head_dim <= 128),
-// kMovesInFlight moves loaded before any is stored.
+// A warp per move (a lane per 16-byte chunk of the K row, then of the V row; head_dim <= 128).
+// Each warp reads 32 consecutive entries of the move list at once and broadcasts them;
+// kMovesInFlight rows are loaded before any is stored.
 __global__ void __launch_bounds__(kCopyThreads) copy_moves_kernel(const CompactLaunch p) {
   const int segment = blockIdx.x;
   const int moves = p.move_counts[segment];
-  const int32_t* table = p.page_ids + p.page_offsets[segment];
+  const int64_t scratch = static_cast<int64_t>(p.page_offsets[segment]) * p.page_size;
   const int warps = kCopyThreads / 32;
   const int lane = threadIdx.x % 32;
   const int chunks = p.head_dim / 8;  // 16-byte chunks per row
   const int64_t lane_shift =
       (lane >= chunks ? static_cast<int64_t>(p.page_size) * p.head_dim : 0) + (lane % chunks) * 8;
   const bool lane_active = lane < 2 * chunks;
-  const int stride = gridDim.y * warps;
-  for (int base = blockIdx.y * warps + threadIdx.x / 32; base < moves;
-       base += kMovesInFlight * stride) {
-    int64_t dst[kMovesInFlight];
-    int64_t src[kMovesInFlight];
+  const int stride = gridDim.y * warps * 32;
+  for (int batch = (blockIdx.y * warps + threadIdx.x / 32) * 32; batch < moves; batch += stride) {
+    const int count = min(32, moves - batch);
+    const int32_t lane_dst = lane < count ? p.move_dst[scratch + batch + lane] : 0;
+    const int32_t lane_src = lane < count ? p.move_src[scratch + batch + lane] : 0;
+    for (int first = 0; first < count; first += kMovesInFlight) {
+      int64_t dst[kMovesInFlight];
+      uint4 data[kMovesInFlight];
 #pragma unroll
-    for (int i = 0; i < kMovesInFlight; ++i) {
-      const int r = base + i * stride;
-      dst[i] = src[i] = -1;
-      if (r < moves) {
-        const int64_t rank_row = pool_row(table, r, p.page_size);
-        dst[i] = p.move_dst[rank_row];
-        src[i] = p.move_src[rank_row];
+      for (int i = 0; i < kMovesInFlight; ++i) {
+        dst[i] = __shfl_sync(0xffffffffu, lane_dst, first + i);
+        const int64_t src = __shfl_sync(0xffffffffu, lane_src, first + i);
+        if (first + i < count && lane_active) {
+          data[i] = *reinterpret_cast<const uint4*>(
+              p.pool + key_offset(src, p.page_size, p.head_dim) + lane_shift);
+        }
+        if (first + i < count && lane == 0 && p.meta != nullptr) p.meta[dst[i]] = p.meta[src];
       }
-    }
-    uint4 data[kMovesInFlight];
 #pragma unroll
-    for (int i = 0; i < kMovesInFlight; ++i) {
-      if (src[i] >= 0 && lane_active) {
-        data[i] = *reinterpret_cast<const uint4*>(
-            p.pool + key_offset(src[i], p.page_size, p.head_dim) + lane_shift);
+      for (int i = 0; i < kMovesInFlight; ++i) {
+        if (first + i < count && lane_active) {
+          *reinterpret_cast<uint4*>(p.pool + key_offset(dst[i], p.page_size, p.head_dim) +
+                                    lane_shift) = data[i];
+        }
       }
-    }
-#pragma unroll
-    for (int i = 0; i < kMovesInFlight; ++i) {
-      if (dst[i] < 0) continue;
-      if (lane_active) {
-        *reinterpret_cast<uint4*>(p.pool + key_offset(dst[i], p.page_size, p.head_dim) +
-                                  lane_shift) = data[i];
-      }
-      if (lane == 0 && p.meta != nullptr) p.meta[dst[i]] = p.meta[src[i]];
     }
   }
 }

@@ -15,8 +15,6 @@
 namespace ekva::cuda {
 namespace {
 
-using testing::DevicePagedKv;
-
 class KvOpsTest : public ::testing::Test {
  protected:
   void SetUp() override { EKVA_SKIP_WITHOUT_GPU(); }
@@ -64,9 +62,9 @@ TEST_F(KvOpsTest, AppendAppliesRopeLikeCpu) {
             cache.append(sequences[t], 0, h, zeros.data(), zeros.data(), TokenMeta{});
       }
     }
-    DevicePagedKv kv = testing::upload_cache(cache);
+    DeviceKvLayer kv(cache, 0);
     const std::vector<int32_t> old_lengths = lengths;
-    kv.lengths.upload(old_lengths);
+    kv.lengths().upload(old_lengths);
 
     RopeSpec rope_spec;
     rope_spec.theta = 1e6;
@@ -86,7 +84,7 @@ TEST_F(KvOpsTest, AppendAppliesRopeLikeCpu) {
     append.slots = slots_d.data();
     append.inv_freq = inv_freq_d.data();
     append.count = count;
-    append_kv(kv.layer, append, nullptr);
+    append_kv(kv.view(), append, nullptr);
     EKVA_CUDA_CHECK(cudaDeviceSynchronize());
 
     cpu::Rope rope(rope_spec, head_dim);
@@ -95,9 +93,9 @@ TEST_F(KvOpsTest, AppendAppliesRopeLikeCpu) {
       rope.apply(roped.data() + static_cast<size_t>(t) * num_kv_heads * head_dim, 1, num_kv_heads,
                  &positions[t]);
     }
-    const std::vector<uint16_t> pool = kv.pool.download();
-    const std::vector<TokenMeta> meta = kv.meta.download();
-    const std::vector<int32_t> new_lengths = kv.lengths.download();
+    const std::vector<uint16_t> pool = kv.pool().download();
+    const std::vector<TokenMeta> meta = kv.meta().download();
+    const std::vector<int32_t> new_lengths = kv.lengths().download();
     int mismatched = 0;
     for (int t = 0; t < count; ++t) {
       for (int h = 0; h < num_kv_heads; ++h) {
@@ -139,9 +137,9 @@ TEST_F(KvOpsTest, EvictFlaggedMatchesKvCacheEvict) {
     lengths[1] = 33;  // evicted whole below
     lengths[2] = 0;
     testing::fill_cache(cache, lengths, rng);
-    DevicePagedKv kv = testing::upload_cache(cache);
+    DeviceKvLayer kv(cache, 0);
 
-    std::vector<uint8_t> flags(static_cast<size_t>(kv.pool_rows), 0);
+    std::vector<uint8_t> flags(static_cast<size_t>(kv.pool_rows()), 0);
     std::bernoulli_distribution evict(0.4);
     for (int s = 0; s < num_sequences; ++s) {
       for (int h = 0; h < num_kv_heads; ++h) {
@@ -160,13 +158,13 @@ TEST_F(KvOpsTest, EvictFlaggedMatchesKvCacheEvict) {
     }
     DeviceBuffer<uint8_t> flags_d{std::span<const uint8_t>(flags)};
     DeviceBuffer<uint8_t> workspace(
-        compaction_workspace_bytes(kv.pool_rows, kv.layer.num_segments()));
-    evict_flagged(kv.layer, flags_d.data(), kv.pool_rows, workspace.data(), nullptr);
+        compaction_workspace_bytes(kv.pool_rows(), kv.view().num_segments()));
+    evict_flagged(kv.view(), flags_d.data(), kv.pool_rows(), workspace.data(), nullptr);
     EKVA_CUDA_CHECK(cudaDeviceSynchronize());
 
-    const std::vector<uint16_t> pool = kv.pool.download();
-    const std::vector<TokenMeta> meta = kv.meta.download();
-    const std::vector<int32_t> new_lengths = kv.lengths.download();
+    const std::vector<uint16_t> pool = kv.pool().download();
+    const std::vector<TokenMeta> meta = kv.meta().download();
+    const std::vector<int32_t> new_lengths = kv.lengths().download();
     for (int s = 0; s < num_sequences; ++s) {
       for (int h = 0; h < num_kv_heads; ++h) {
         const HeadTable& t = cache.table(s, 0, h);
@@ -205,7 +203,7 @@ TEST_F(KvOpsTest, SelectEvictionsKeepsTopScoresPerGroup) {
       for (TokenMeta& m : cache.table(s, 0, h).meta) m.score = std::round(m.score * 8.0f) / 8.0f;
     }
   }
-  DevicePagedKv kv = testing::upload_cache(cache);
+  DeviceKvLayer kv(cache, 0);
 
   const std::vector<int32_t> expert_group = {0, 0, 1, 1, 2, 2, 3, -1};  // expert 7 in no group
   std::vector<int32_t> budgets(num_kv_heads * num_groups);
@@ -217,7 +215,7 @@ TEST_F(KvOpsTest, SelectEvictionsKeepsTopScoresPerGroup) {
 
   DeviceBuffer<int32_t> budgets_d{std::span<const int32_t>(budgets)},
       groups_d{std::span<const int32_t>(expert_group)}, keep_d{std::span<const int32_t>(keep_from)};
-  DeviceBuffer<uint8_t> flags_d{std::span<const uint8_t>(std::vector<uint8_t>(kv.pool_rows, 7))};
+  DeviceBuffer<uint8_t> flags_d{std::span<const uint8_t>(std::vector<uint8_t>(kv.pool_rows(), 7))};
   EvictionSelection selection;
   selection.budgets = budgets_d.data();
   selection.expert_group = groups_d.data();
@@ -225,7 +223,7 @@ TEST_F(KvOpsTest, SelectEvictionsKeepsTopScoresPerGroup) {
   selection.num_groups = num_groups;
   selection.sink_tokens = sink_tokens;
   selection.keep_from_position = keep_d.data();
-  select_evictions(kv.layer, selection, flags_d.data(), nullptr);
+  select_evictions(kv.view(), selection, flags_d.data(), nullptr);
   EKVA_CUDA_CHECK(cudaDeviceSynchronize());
   const std::vector<uint8_t> flags = flags_d.download();
 
