@@ -282,8 +282,7 @@ TaskInstance kv_retrieval(uint64_t seed, Rng& rng, const TaskOptions& options,
     return std::pair<std::string, std::string>{rng.letters(8, kHex), rng.letters(8, kHex)};
   };
   // A question naming a key takes about as many tokens as one with any other key of the form.
-  const size_t fixed =
-      count_tokens(header) + tokens_after(count_tokens, question_for("00000000"));
+  const size_t fixed = count_tokens(header) + tokens_after(count_tokens, question_for("00000000"));
   if (fixed > options.prompt_tokens) {
     fail(ErrorKind::kInvalidArgument, "task kv-retrieval: a prompt of {} tokens is too short",
          options.prompt_tokens);
