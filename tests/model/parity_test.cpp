@@ -6,9 +6,8 @@
 #include <cmath>
 
 #include "io/json_file.h"
-#include "io/safetensors.h"
-#include "model/forward.h"
 #include "model/generate.h"
+#include "support/reference_forward.h"
 
 namespace ekva {
 namespace {
@@ -17,46 +16,12 @@ std::string fixture(const std::string& name) {
   return std::string(EKVA_FIXTURES) + "/hf-tiny/" + name;
 }
 
-// max |a - b| relative to max |b|
-double relative_error(const float* a, const float* b, size_t n) {
-  double err = 0, scale = 0;
-  for (size_t i = 0; i < n; ++i) {
-    err = std::max(err, static_cast<double>(std::fabs(a[i] - b[i])));
-    scale = std::max(scale, static_cast<double>(std::fabs(b[i])));
-  }
-  return err / scale;
-}
-
 class Parity : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Parity, BatchedForwardMatchesLogitsAndRouterLogits) {
-  const auto model = Model::load(fixture(GetParam()));
-  const ModelSpec& s = model->spec();
-  SafetensorsFile ref(fixture(GetParam()) + "/reference.safetensors");
-  const TensorView& ids = ref.get("input_ids");
-  const int B = static_cast<int>(ids.shape[0]), T = static_cast<int>(ids.shape[1]);
-  KvCache cache(s, B);
-  ForwardBatch batch;
-  for (int b = 0; b < B; ++b) {
-    for (int t = 0; t < T; ++t) {
-      batch.add(static_cast<int32_t>(static_cast<const int64_t*>(ids.data)[b * T + t]), b, t);
-    }
-  }
-  RouterLogitsRecorder capture;
-  const std::vector<float> logits = Forward(*model, cache).run(batch, &capture);
-  const TensorView& want = ref.get("logits");
-  ASSERT_EQ(static_cast<size_t>(want.numel()), logits.size());
-  EXPECT_LE(relative_error(logits.data(), static_cast<const float*>(want.data), logits.size()),
-            1e-3);
-  ASSERT_EQ(static_cast<int>(capture.logits.size()), s.num_moe_layers());
-  for (int i = 0; i < s.num_moe_layers(); ++i) {
-    const TensorView& r = ref.get("router_logits." + std::to_string(i));
-    ASSERT_EQ(static_cast<size_t>(r.numel()), capture.logits[i].size());
-    EXPECT_LE(relative_error(capture.logits[i].data(), static_cast<const float*>(r.data),
-                             capture.logits[i].size()),
-              1e-3)
-        << "router layer " << i;
-  }
+  testing::expect_forward_matches(*Model::load(fixture(GetParam())),
+                                  SafetensorsFile(fixture(GetParam()) + "/reference.safetensors"),
+                                  1e-3);
 }
 
 // Against transformers' own greedy generation (hf_greedy_regenerated.json; see
@@ -126,7 +91,7 @@ TEST_P(Parity, PrefillThenDecodeEqualsOneForward) {
     got.insert(got.end(), l.begin(), l.end());
   }
   ASSERT_EQ(got.size(), want.size());
-  EXPECT_LE(relative_error(got.data(), want.data(), got.size()), 1e-5);
+  EXPECT_LE(testing::relative_error(got.data(), want.data(), got.size()), 1e-5);
 }
 
 INSTANTIATE_TEST_SUITE_P(HfTiny, Parity,
