@@ -1,4 +1,5 @@
 #include <fmt/core.h>
+#include <omp.h>
 
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -79,7 +80,8 @@ int run_generate(const GenerateArgs& a) {
                           {"generated_tokens", r.tokens.size()},
                           {"prefill_tokens_per_s", prefill_tps},
                           {"decode_tokens_per_s", decode_tps},
-                          {"kv_bytes", r.kv_bytes}}},
+                          {"kv_bytes", r.kv_bytes},
+                          {"threads", omp_get_max_threads()}}},
                         {"kv",
                          {{"policy", a.kv.policy},
                           {"budget", a.kv.kv_budget},

@@ -1,11 +1,24 @@
 #include <fmt/core.h>
+#include <omp.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
 
 #include "cli/commands.h"
 #include "core/error.h"
 
 int main(int argc, char** argv) {
+  // A spinning OpenMP team collapses when another process takes a core: each of the ~70 barriers
+  // of a decode step waits a scheduler slice for a preempted thread (docs/BENCHMARKS.md, CPU
+  // engine). So the team leaves the cores that the last minute's load average says are busy; an
+  // explicit OMP_NUM_THREADS takes precedence.
+  double load = 0.0;
+  if (std::getenv("OMP_NUM_THREADS") == nullptr && getloadavg(&load, 1) == 1) {
+    const int cpus = omp_get_num_procs();
+    omp_set_num_threads(std::clamp(cpus - static_cast<int>(std::lround(load)), 1, cpus));
+  }
   CLI::App app{"EKVA: expert-aware KV-cache budgets for Mixture-of-Experts inference"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "ekva 0.1.0");
