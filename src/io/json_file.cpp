@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "io/atomic_file.h"
 
 namespace ekva {
 
@@ -20,24 +21,7 @@ nlohmann::json read_json_file(const std::filesystem::path& path) {
 }
 
 void write_text_file(const std::filesystem::path& path, const std::string& text) {
-  const auto tmp = std::filesystem::path(path.string() + ".tmp");
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    if (!out) fail(ErrorKind::kIo, "{}: cannot open for writing", tmp.string());
-    out << text;
-    out.flush();
-    if (!out) {
-      out.close();
-      std::filesystem::remove(tmp);
-      fail(ErrorKind::kIo, "{}: write failed", tmp.string());
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp);
-    fail(ErrorKind::kIo, "{}: cannot rename into place: {}", path.string(), ec.message());
-  }
+  write_file_atomically(path, [&](std::ostream& out) { out << text; });
 }
 
 }  // namespace ekva

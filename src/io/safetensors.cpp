@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/atomic_file.h"
 
 namespace ekva {
 namespace {
@@ -217,10 +218,7 @@ void write_safetensors(const std::filesystem::path& path, const std::vector<Tens
   }
   std::string h = header.dump();
   h.append((8 - h.size() % 8) % 8, ' ');  // keeps the data section 8-byte aligned
-  const auto tmp = std::filesystem::path(path.string() + ".tmp");
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) fail(ErrorKind::kIo, "{}: cannot open for writing", tmp.string());
+  write_file_atomically(path, [&](std::ostream& out) {
     const uint64_t len = h.size();
     out.write(reinterpret_cast<const char*>(&len), 8);
     out.write(h.data(), static_cast<std::streamsize>(h.size()));
@@ -230,19 +228,7 @@ void write_safetensors(const std::filesystem::path& path, const std::vector<Tens
       out.write(static_cast<const char*>(t.data),
                 static_cast<std::streamsize>(n * dtype_size(t.dtype)));
     }
-    out.flush();
-    if (!out) {
-      out.close();
-      std::filesystem::remove(tmp);
-      fail(ErrorKind::kIo, "{}: write failed", tmp.string());
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp);
-    fail(ErrorKind::kIo, "{}: cannot rename into place: {}", path.string(), ec.message());
-  }
+  });
 }
 
 }  // namespace ekva
