@@ -12,7 +12,13 @@ void write_file_atomically(const std::filesystem::path& path,
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out) fail(ErrorKind::kIo, "{}: cannot open for writing", tmp.string());
-    write(out);
+    try {
+      write(out);
+    } catch (...) {
+      out.close();
+      std::filesystem::remove(tmp);
+      throw;
+    }
     out.flush();
     if (!out) {
       out.close();
