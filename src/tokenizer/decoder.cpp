@@ -16,16 +16,7 @@ using tokenizer_json::optional_string;
 using tokenizer_json::required;
 using tokenizer_json::required_array;
 using tokenizer_json::required_string;
-
-// Single character of a tokenizer.json field, e.g. Strip's "content".
-char32_t single_character(const std::string& text, const std::string& where) {
-  size_t pos = 0;
-  const char32_t c = text.empty() ? 0 : next_code_point(text, pos);
-  if (text.empty() || pos != text.size()) {
-    fail(ErrorKind::kInvalidFile, "{}: expected one character, got '{}'", where, text);
-  }
-  return c;
-}
+using tokenizer_json::single_character;
 
 class ByteLevelDecoder : public Decoder {
  public:

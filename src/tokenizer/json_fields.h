@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "tokenizer/utf8.h"
 
 namespace ekva::tokenizer_json {
 
@@ -44,6 +45,16 @@ inline std::string optional_string(const nlohmann::json& spec, const char* key,
   if (it == spec.end() || it->is_null()) return fallback;
   if (!it->is_string()) fail(ErrorKind::kInvalidFile, "{}.{}: expected a string", where, key);
   return it->get<std::string>();
+}
+
+// The one character of a field such as Strip's "content" or Metaspace's "replacement".
+inline char32_t single_character(const std::string& text, const std::string& where) {
+  size_t pos = 0;
+  const char32_t c = text.empty() ? 0 : next_code_point(text, pos);
+  if (text.empty() || pos != text.size()) {
+    fail(ErrorKind::kInvalidFile, "{}: expected one character, got '{}'", where, text);
+  }
+  return c;
 }
 
 }  // namespace ekva::tokenizer_json

@@ -15,6 +15,7 @@ using tokenizer_json::optional_string;
 using tokenizer_json::required;
 using tokenizer_json::required_array;
 using tokenizer_json::required_string;
+using tokenizer_json::single_character;
 
 // GPT-2's word regex, which ByteLevel applies when use_regex is true.
 constexpr const char* kByteLevelRegex =
@@ -181,11 +182,7 @@ class MetaspacePreTokenizer : public PreTokenizer {
       : replacement_(optional_string(spec, "replacement", "\xE2\x96\x81", where)),
         split_(optional_bool(spec, "split", true, where)),
         split_pattern_(nlohmann::json{{"String", replacement_}}, where) {
-    size_t pos = 0;
-    if (replacement_.empty() || (next_code_point(replacement_, pos), pos != replacement_.size())) {
-      fail(ErrorKind::kInvalidFile, "{}.replacement: expected one character, got '{}'", where,
-           replacement_);
-    }
+    single_character(replacement_, where + ".replacement");
     const auto scheme = spec.find("prepend_scheme");
     if (scheme != spec.end() && !scheme->is_null()) {
       const std::string name = required_string(spec, "prepend_scheme", where);
