@@ -4,11 +4,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <regex>
 #include <sstream>
 
 #include "core/error.h"
+#include "tokenizer/tokenizer.h"
 
 namespace ekva {
 namespace {
@@ -162,6 +164,34 @@ TEST(Tasks, AnswerMatchingNeedsTheWholeAnswer) {
   EXPECT_FALSE(answer_matches(t, " 582130"));
   EXPECT_FALSE(answer_matches(t, " 5821"));
   EXPECT_FALSE(answer_matches(t, ""));
+}
+
+// What training and greedy scoring rely on, with the embedded model's real tokenizer: the prompt's
+// tokens are a prefix of the prompt-and-answer tokens, and a kv-retrieval answer's tokens are those
+// of its value in the context (the value follows the same opening quote in both).
+TEST(Tasks, PromptTokensArePrefixOfPromptAndAnswerWithTheEmbeddedTokenizer) {
+  const auto tokenizer = load_tokenizer(std::string(EKVA_FIXTURES) + "/../../models/ekva-moe-8m");
+  const auto count = [&](const std::string& text) { return tokenizer->encode(text, false).size(); };
+  for (const TaskKind kind : all_tasks()) {
+    for (uint64_t seed = 0; seed < 5; ++seed) {
+      TaskOptions options;
+      options.prompt_tokens = 600;
+      const TaskInstance t = generate_task(kind, instance_seed(11, seed), options, count);
+      const std::vector<int32_t> prompt = tokenizer->encode(t.prompt(), false);
+      const std::vector<int32_t> whole = tokenizer->encode(t.prompt() + t.answer, false);
+      ASSERT_GT(whole.size(), prompt.size()) << task_name(kind);
+      EXPECT_TRUE(std::equal(prompt.begin(), prompt.end(), whole.begin()))
+          << task_name(kind) << " seed " << seed;
+      if (kind == TaskKind::kKvRetrieval) {
+        const std::vector<int32_t> answer(whole.begin() + static_cast<ptrdiff_t>(prompt.size()),
+                                          whole.end());
+        const std::vector<int32_t> context = tokenizer->encode(t.context, false);
+        EXPECT_NE(std::search(context.begin(), context.end(), answer.begin(), answer.end()),
+                  context.end())
+            << "seed " << seed;
+      }
+    }
+  }
 }
 
 TEST(Tasks, InstanceSeedsDiffer) {
