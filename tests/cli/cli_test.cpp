@@ -10,6 +10,7 @@
 
 #include "io/safetensors.h"
 #include "support/run_ekva.h"
+#include "support/temp_dir.h"
 
 namespace ekva {
 namespace {
@@ -25,13 +26,6 @@ const std::string kMixtral = std::string(EKVA_FIXTURES) + "/hf-tiny/tiny-mixtral
 
 class Cli : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("ekva_cli_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
   // A copy of tiny-mixtral whose model.safetensors is cut to `keep` bytes.
   fs::path truncated_model(size_t keep) {
     const fs::path d = dir_ / "model";
@@ -43,7 +37,8 @@ class Cli : public ::testing::Test {
     std::ofstream(d / "model.safetensors", std::ios::binary) << bytes;
     return d;
   }
-  fs::path dir_;
+  testing::TempDir temp_;
+  const std::filesystem::path& dir_ = temp_.path();
 };
 
 TEST_F(Cli, HelpOnEveryCommand) {

@@ -12,6 +12,7 @@
 #include "io/model_config.h"
 #include "kv/budget_plan.h"
 #include "support/run_ekva.h"
+#include "support/temp_dir.h"
 
 namespace ekva {
 namespace {
@@ -20,15 +21,8 @@ const std::string kMixtral = std::string(EKVA_FIXTURES) + "/configs/mixtral-8x7b
 
 class RooflineCli : public ::testing::Test {
  protected:
-  void SetUp() override {
-    // ctest runs each test in its own process, concurrently: one directory per process and test.
-    dir_ = std::filesystem::temp_directory_path() /
-           ("ekva_roofline_cli_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::create_directories(dir_);
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-  std::filesystem::path dir_;
+  testing::TempDir temp_;
+  const std::filesystem::path& dir_ = temp_.path();
 };
 
 TEST_F(RooflineCli, JsonHasTheDocumentedFields) {

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "support/temp_dir.h"
 
 namespace ekva {
 namespace {
@@ -15,14 +16,6 @@ namespace fs = std::filesystem;
 
 class AtomicFileTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("ekva_atomic_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   static std::string contents(const fs::path& p) {
     std::ifstream in(p, std::ios::binary);
     std::stringstream ss;
@@ -30,7 +23,8 @@ class AtomicFileTest : public ::testing::Test {
     return ss.str();
   }
 
-  fs::path dir_;
+  testing::TempDir temp_;
+  const std::filesystem::path& dir_ = temp_.path();
 };
 
 TEST_F(AtomicFileTest, ReplacesTheFileOnlyWhenTheWriteCompletes) {

@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "support/temp_dir.h"
 
 namespace ekva {
 namespace {
@@ -14,14 +15,6 @@ namespace fs = std::filesystem;
 
 class SafetensorsTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("ekva_st_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   // A file with the given header text and `data_bytes` zero bytes of data.
   fs::path raw(const std::string& header, size_t data_bytes, uint64_t header_len_override = 0) {
     const fs::path p = dir_ / "t.safetensors";
@@ -40,7 +33,8 @@ class SafetensorsTest : public ::testing::Test {
     }
     return "";
   }
-  fs::path dir_;
+  testing::TempDir temp_;
+  const std::filesystem::path& dir_ = temp_.path();
 };
 
 TEST_F(SafetensorsTest, RoundTripsEveryDtype) {

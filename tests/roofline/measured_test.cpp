@@ -8,26 +8,20 @@
 
 #include "core/error.h"
 #include "io/model_config.h"
+#include "support/temp_dir.h"
 
 namespace ekva {
 namespace {
 
 class MeasuredTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    // ctest runs each test in its own process, concurrently: one directory per process and test.
-    dir_ = std::filesystem::temp_directory_path() /
-           ("ekva_roofline_measured_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::create_directories(dir_);
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
   std::filesystem::path write(const std::string& text) {
     const auto path = dir_ / "measured.json";
     std::ofstream(path) << text;
     return path;
   }
-  std::filesystem::path dir_;
+  testing::TempDir temp_;
+  const std::filesystem::path& dir_ = temp_.path();
 };
 
 TEST_F(MeasuredTest, ComparesPerCallTimesWithThePrediction) {

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/json_file.h"
+#include "support/temp_dir.h"
 #include "tokenizer/tokenizer.h"
 
 namespace ekva {
@@ -21,20 +22,7 @@ fs::path fixture(const std::string& name) {
   return fs::path(EKVA_FIXTURES) / "tokenizers" / name;
 }
 
-class TempDir {
- public:
-  TempDir() {
-    path_ = fs::temp_directory_path() / ("ekva_tokenizer_behaviour_" + std::to_string(::getpid()) +
-                                         "_" + std::to_string(count_++));
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  const fs::path& path() const { return path_; }
-
- private:
-  static inline int count_ = 0;
-  fs::path path_;
-};
+using testing::TempDir;
 
 Ids concat(std::initializer_list<Ids> parts) {
   Ids out;

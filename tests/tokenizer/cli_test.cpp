@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "io/json_file.h"
+#include "support/temp_dir.h"
 
 namespace ekva {
 namespace {
@@ -32,14 +33,6 @@ struct CommandResult {
 
 class TokenizerCli : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("ekva_tokenizer_cli_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   // Runs ekva with `input` on stdin; stdout and stderr apart.
   CommandResult ekva(const std::string& args, const std::string& input) {
     std::ofstream(dir_ / "stdin", std::ios::binary) << input;
@@ -51,7 +44,8 @@ class TokenizerCli : public ::testing::Test {
             read_file(dir_ / "stderr")};
   }
 
-  fs::path dir_;
+  testing::TempDir temp_;
+  const std::filesystem::path& dir_ = temp_.path();
 };
 
 TEST_F(TokenizerCli, TokenizeAndDetokenizeMatchTheReference) {

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "io/json_file.h"
+#include "support/temp_dir.h"
 #include "tokenizer/tokenizer.h"
 
 namespace ekva {
@@ -30,20 +31,7 @@ void expect_error(Body body, ErrorKind kind, const std::string& needle) {
   }
 }
 
-class TempDir {
- public:
-  TempDir() {
-    path_ = fs::temp_directory_path() /
-            ("ekva_tokenizer_test_" + std::to_string(::getpid()) + "_" + std::to_string(count_++));
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  const fs::path& path() const { return path_; }
-
- private:
-  static inline int count_ = 0;
-  fs::path path_;
-};
+using testing::TempDir;
 
 // The smallest well-formed byte-level tokenizer.json: 256 single-byte tokens, no merges.
 nlohmann::json minimal_tokenizer() {
