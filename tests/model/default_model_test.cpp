@@ -13,8 +13,9 @@ const std::string kModelDir = std::string(EKVA_FIXTURES) + "/../../models/ekva-m
 const std::string kReference = std::string(EKVA_FIXTURES) + "/ekva-moe-8m/reference.safetensors";
 
 TEST(DefaultModel, LogitsAndRouterLogitsMatchTransformers) {
-  // Logits reach about 27 in magnitude; float32 summation order alone moves them ~1e-5.
-  testing::expect_forward_matches(*Model::load(kModelDir), SafetensorsFile(kReference), 1e-4);
+  // 7e-5 of the largest logit (about 27) is the 2e-3 absolute bound this test had before.
+  // float32 summation order alone moves logits ~1e-5.
+  testing::expect_forward_matches(*Model::load(kModelDir), SafetensorsFile(kReference), 7e-5);
 }
 
 TEST(DefaultModel, GreedyGenerationMatchesTransformers) {
