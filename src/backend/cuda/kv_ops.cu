@@ -2,8 +2,6 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
-#include <cub/block/block_reduce.cuh>
-#include <cub/block/block_scan.cuh>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_common.cuh"
@@ -55,98 +53,165 @@ __global__ void append_kv_kernel(const AppendLaunch p) {
   }
 }
 
-constexpr int kPlanThreads = 1024;
+constexpr int kPlanThreads = 512;
+constexpr int kPlanWarps = kPlanThreads / 32;
+// Slots per thread in a round: warp w owns the round's slots [w * 32 * kPlanSlotsPerThread, ...),
+// lane l every 32nd of them from l, so that flags load coalesced; a flag's rank comes from warp
+// ballots and the counts of the warps before.
+constexpr int kPlanSlotsPerThread = 16;
+constexpr int kPlanRound = kPlanThreads * kPlanSlotsPerThread;
+// Tails of up to this many slots are linked in shared memory, longer ones in the scratch.
+constexpr int kPlanSharedLinks = 16384;
 
 // One CTA per segment. Evicting the flagged slots f_1 > f_2 > ... > f_k one at a time moves, at
-// step j, the content of position length - j into f_j (when f_j is not last). With n = length - k,
-// the holes f_j < n end up holding resolve(length - j), where resolve(q) = q for an unflagged q and
-// resolve(length - i) for q = f_i: a chain through the flagged tail that only moves upward. The
-// chains are resolved by pointer jumping over the tail positions [n, length), stored in move_src
-// (indexed by slot); the holes' move list is slots [0, holes) of the segment's stretch of the
-// scratch arrays, which starts at page_offsets[segment] * page_size, so that the copy reads it
-// densely.
-__global__ void __launch_bounds__(kPlanThreads) plan_compaction_kernel(const CompactLaunch p) {
-  using Reduce = cub::BlockReduce<int, kPlanThreads>;
-  using Scan = cub::BlockScan<int, kPlanThreads>;
-  __shared__ union {
-    typename Reduce::TempStorage reduce;
-    typename Scan::TempStorage scan;
-  } temp;
-  __shared__ int evicted;
+// step j, the content of position length - j into f_j (when f_j is not last). In ascending order
+// F_0 < ... < F_{k-1} (F_r = f_{k-r}) and with kept = length - k, that reads: the holes F_r < kept
+// (r < holes) receive resolve(kept + r), where resolve(q) = q for an unflagged q and
+// resolve(kept + r) for q = F_r: a chain through the tail [kept, length) that only moves upward.
+// One pass over the flags writes each flagged slot's pool row and slot at its rank r; the tail is
+// then linked by offset from kept (a tail slot kept + t: t itself if unflagged, r if it is F_r) and
+// the chains resolved by pointer jumping. The scratch stretch of segment s starts at
+// page_offsets[s] * page_size: move_dst[r] is hole r's pool row (the dense move list the copy
+// reads), move_src[r] the slot F_r and then hole r's source row; the tail links use move_dst from
+// holes on, whose rows the move list does not need.
+__global__ void __launch_bounds__(kPlanThreads, 2) plan_compaction_kernel(const CompactLaunch p) {
+  extern __shared__ int32_t shared_links[];
+  __shared__ int warp_flagged[kPlanWarps];
   __shared__ int holes;
-  __shared__ int changed;
   const int segment = blockIdx.x;
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
   const int length = p.lengths[segment];
   const int32_t* table = p.page_ids + p.page_offsets[segment];
-  const auto row_of = [&](int slot) {
-    return static_cast<int32_t>(pool_row(table, slot, p.page_size));
-  };
   const int64_t scratch = static_cast<int64_t>(p.page_offsets[segment]) * p.page_size;
   int32_t* const move_dst = p.move_dst + scratch;
   int32_t* const move_src = p.move_src + scratch;
+  const int page_step = 32 / p.page_size;
+  const int row_step = 32 - page_step * p.page_size;
+  const uint32_t lanes_below = (1u << lane) - 1u;
 
-  int local = 0;
-  for (int slot = threadIdx.x; slot < length; slot += kPlanThreads) {
-    local += p.evict_flags[row_of(slot)] != 0;
+  int k = 0;  // flagged slots below the current round, then in all
+  for (int base = 0; base < length; base += kPlanRound) {
+    // The lane's slots of the round: every 32nd from `first`, with their pool rows.
+    const int first = base + warp * 32 * kPlanSlotsPerThread + lane;
+    int page = first / p.page_size;
+    int row = first - page * p.page_size;
+    int32_t rows[kPlanSlotsPerThread];
+    uint32_t ballots[kPlanSlotsPerThread];
+    int in_warp = 0;
+#pragma unroll
+    for (int i = 0; i < kPlanSlotsPerThread; ++i) {
+      bool flag = false;
+      if (first + i * 32 < length) {
+        rows[i] = table[page] * p.page_size + row;
+        flag = p.evict_flags[rows[i]] != 0;
+      }
+      ballots[i] = __ballot_sync(0xffffffffu, flag);
+      in_warp += __popc(ballots[i]);
+      page += page_step;
+      row += row_step;
+      if (row >= p.page_size) {
+        row -= p.page_size;
+        ++page;
+      }
+    }
+    if (lane == 0) warp_flagged[warp] = in_warp;
+    __syncthreads();
+    int rank = k;
+    for (int w = 0; w < kPlanWarps; ++w) {
+      rank += w < warp ? warp_flagged[w] : 0;
+      k += warp_flagged[w];
+    }
+#pragma unroll
+    for (int i = 0; i < kPlanSlotsPerThread; ++i) {
+      if ((ballots[i] >> lane) & 1u) {
+        const int r = rank + __popc(ballots[i] & lanes_below);
+        move_dst[r] = rows[i];
+        move_src[r] = first + i * 32;
+      }
+      rank += __popc(ballots[i]);
+    }
+    __syncthreads();  // warp_flagged is reused; the ranked slots are complete
   }
-  const int total = Reduce(temp.reduce).Sum(local);
-  if (threadIdx.x == 0) {
-    evicted = total;
-    holes = 0;
-  }
-  __syncthreads();
-  const int k = evicted;
   const int kept = length - k;
 
-  int flagged_before = 0;  // flagged slots below the current chunk
-  for (int base = 0; base < length; base += kPlanThreads) {
-    const int slot = base + threadIdx.x;
-    const int flag = slot < length && p.evict_flags[row_of(slot)] != 0;
-    int prefix = 0;
-    int chunk = 0;
-    Scan(temp.scan).ExclusiveSum(flag, prefix, chunk);
-    prefix += flagged_before;
-    if (slot < length) {
-      const int source = length - (k - prefix);  // length - j for the j-th highest flagged slot
-      if (slot < kept) {
-        if (flag) {
-          move_dst[prefix] = row_of(slot);
-          move_src[prefix] = source;
-        }
+  // holes = the number of flagged slots below kept: a search of the ascending F by the first warp,
+  // 32 probes a step.
+  if (warp == 0) {
+    int lo = 0;  // F_r < kept for r < lo; F_r >= kept for r >= hi
+    int hi = k;
+    while (lo < hi) {
+      const int step = (hi - lo + 31) / 32;
+      const int probe = lo + lane * step;
+      const int below = __popc(__ballot_sync(0xffffffffu, probe < hi && move_src[probe] < kept));
+      if (below == 0) {
+        hi = lo;
       } else {
-        move_src[slot] = flag ? source : slot;
+        hi = min(hi, lo + below * step);
+        lo += (below - 1) * step + 1;
       }
-      if (slot == kept) holes = prefix;
     }
-    flagged_before += chunk;
-    __syncthreads();
+    if (lane == 0) holes = lo;
   }
+  __syncthreads();
+  const int num_holes = holes;
+  // [k]: tail offset t (slot kept + t) links to offset link[t].
+  int32_t* const link = k <= kPlanSharedLinks ? shared_links : move_dst + num_holes;
+#pragma unroll 4
+  for (int t = threadIdx.x; t < k; t += kPlanThreads) link[t] = t;
+  __syncthreads();
+  for (int r = num_holes + threadIdx.x; r < k; r += kPlanThreads) link[move_src[r] - kept] = r;
+  __syncthreads();
 
-  while (true) {
-    __syncthreads();
-    if (threadIdx.x == 0) changed = 0;
-    __syncthreads();
-    bool moved = false;
-    for (int slot = kept + threadIdx.x; slot < length; slot += kPlanThreads) {
-      const int32_t next = move_src[slot];
-      if (next != slot) {
-        const int32_t after = move_src[next];
-        if (after != next) {
-          move_src[slot] = after;
-          moved = true;
+  // Pointer jumping: each round replaces every link by its link's link, so a chain of length c is
+  // resolved in log2(c) rounds. Loads and stores of a round's chunk are apart by barriers: a link
+  // a later chunk reads may be updated already, which is only further along its own chain.
+  for (bool moved = k > 0; moved;) {
+    bool changed = false;
+    for (int base = 0; base < k; base += kPlanRound) {
+      int32_t next[kPlanSlotsPerThread];
+      int32_t after[kPlanSlotsPerThread];
+#pragma unroll
+      for (int i = 0; i < kPlanSlotsPerThread; ++i) {
+        const int t = base + i * kPlanThreads + threadIdx.x;
+        next[i] = t < k ? link[t] : t;
+      }
+#pragma unroll
+      for (int i = 0; i < kPlanSlotsPerThread; ++i) {
+        const int t = base + i * kPlanThreads + threadIdx.x;
+        after[i] = next[i] != t ? link[next[i]] : next[i];
+      }
+      __syncthreads();
+#pragma unroll
+      for (int i = 0; i < kPlanSlotsPerThread; ++i) {
+        const int t = base + i * kPlanThreads + threadIdx.x;
+        if (after[i] != next[i]) {
+          link[t] = after[i];
+          changed = true;
         }
       }
+      __syncthreads();
     }
-    if (moved) changed = 1;
-    __syncthreads();
-    if (changed == 0) break;
+    moved = __syncthreads_or(changed);
   }
 
-  for (int r = threadIdx.x; r < holes; r += kPlanThreads) {
-    move_src[r] = row_of(move_src[move_src[r]]);
+  for (int base = 0; base < num_holes; base += kPlanRound) {
+    int32_t survivor[kPlanSlotsPerThread];
+#pragma unroll
+    for (int i = 0; i < kPlanSlotsPerThread; ++i) {
+      const int r = base + i * kPlanThreads + threadIdx.x;
+      survivor[i] = r < num_holes ? kept + link[r] : 0;
+    }
+#pragma unroll
+    for (int i = 0; i < kPlanSlotsPerThread; ++i) {
+      const int r = base + i * kPlanThreads + threadIdx.x;
+      if (r < num_holes) {
+        move_src[r] = static_cast<int32_t>(pool_row(table, survivor[i], p.page_size));
+      }
+    }
   }
   if (threadIdx.x == 0) {
-    p.move_counts[segment] = holes;
+    p.move_counts[segment] = num_holes;
     p.lengths[segment] = kept;
   }
 }
@@ -295,7 +360,10 @@ void launch_append_kv(const AppendLaunch& launch, cudaStream_t stream) {
 }
 
 void launch_compact_kv(const CompactLaunch& launch, cudaStream_t stream) {
-  plan_compaction_kernel<<<launch.num_segments, kPlanThreads, 0, stream>>>(launch);
+  constexpr int link_bytes = kPlanSharedLinks * sizeof(int32_t);
+  EKVA_CUDA_CHECK(cudaFuncSetAttribute(plan_compaction_kernel,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, link_bytes));
+  plan_compaction_kernel<<<launch.num_segments, kPlanThreads, link_bytes, stream>>>(launch);
   EKVA_CUDA_CHECK(cudaGetLastError());
   const dim3 grid(launch.num_segments, launch.copy_blocks_per_segment);
   copy_moves_kernel<<<grid, kCopyThreads, 0, stream>>>(launch);

@@ -127,7 +127,9 @@ TEST_F(KvOpsTest, AppendAppliesRopeLikeCpu) {
 
 TEST_F(KvOpsTest, EvictFlaggedMatchesKvCacheEvict) {
   const bool small = testing::small_sizes();
-  for (int page_size : {16, 5}) {
+  // Page sizes below, at and above a warp's 32 slots; segments longer than one round of the plan
+  // (8192 slots), and flag densities that make long chains through the tail (90%) or few moves.
+  for (int page_size : {16, 5, 48}) {
     SCOPED_TRACE(::testing::Message() << "page_size " << page_size);
     std::mt19937 rng(100 + page_size);
     const int num_sequences = small ? 3 : 11, num_kv_heads = 2, head_dim = 128;
@@ -136,14 +138,16 @@ TEST_F(KvOpsTest, EvictFlaggedMatchesKvCacheEvict) {
         random_lengths(num_sequences * num_kv_heads, small ? 200 : 5000, rng);
     lengths[1] = 33;  // evicted whole below
     lengths[2] = 0;
+    lengths[3] = small ? 9000 : 20000;
+    lengths[4] = small ? 8500 : 17000;
     testing::fill_cache(cache, lengths, rng);
     DeviceKvLayer kv(cache, 0);
 
     std::vector<uint8_t> flags(static_cast<size_t>(kv.pool_rows()), 0);
-    std::bernoulli_distribution evict(0.4);
     for (int s = 0; s < num_sequences; ++s) {
       for (int h = 0; h < num_kv_heads; ++h) {
         const int segment = s * num_kv_heads + h;
+        std::bernoulli_distribution evict(segment == 3 ? 0.9 : segment == 4 ? 0.05 : 0.4);
         HeadTable& t = cache.table(s, 0, h);
         std::vector<int> chosen;
         for (int slot = 0; slot < t.size(); ++slot) {
