@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "backend/cpu/ops.h"
 #include "core/error.h"
 #include "io/json_file.h"
 #include "model/forward.h"
@@ -58,8 +59,6 @@ class StatsObserver : public ForwardObserver {
                        const int32_t* experts, int top_k) {
     const int H = spec_.num_kv_heads, group = spec_.num_heads / H, d = spec_.head_dim,
               E = spec_.num_experts;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-    const int page = cache.page_size();
 #pragma omp parallel for schedule(dynamic, 1)
     for (int h = 0; h < H; ++h) {
       std::vector<float> w, p;
@@ -74,25 +73,11 @@ class StatsObserver : public ForwardObserver {
         p.resize(len);
         double entropy = 0.0;
         for (int qh = h * group; qh < (h + 1) * group; ++qh) {
-          const float* qv = q + (static_cast<size_t>(t) * spec_.num_heads + qh) * d;
-          float mx = -std::numeric_limits<float>::infinity();
+          cpu::attention_weights(cache.pool(), table,
+                                 q + (static_cast<size_t>(t) * spec_.num_heads + qh) * d,
+                                 batch.pos[t], p.data());
           for (int i = 0; i < len; ++i) {
-            if (table.meta[i].position > batch.pos[t]) {
-              p[i] = -std::numeric_limits<float>::infinity();
-              continue;
-            }
-            const float* k =
-                cache.pool().keys(table.pages[i / page]) + static_cast<size_t>(i % page) * d;
-            float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-            for (int j = 0; j < d; ++j) dot += qv[j] * k[j];
-            p[i] = dot * scale;
-            mx = std::max(mx, p[i]);
-          }
-          double sum = 0.0;
-          for (int i = 0; i < len; ++i) sum += p[i] = std::isinf(p[i]) ? 0.0f : std::exp(p[i] - mx);
-          for (int i = 0; i < len; ++i) {
-            const double pi = p[i] / sum;
+            const double pi = p[i];
             if (pi > 0) entropy -= pi * std::log(pi);
             w[i] += static_cast<float>(pi / group);
           }

@@ -7,6 +7,35 @@
 
 namespace ekva::cpu {
 
+void attention_weights(const KvPool& pool, const HeadTable& table, const float* q, int query_pos,
+                       float* weights) {
+  const int d = pool.head_dim();
+  const int page = pool.page_size();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const int len = table.size();
+  constexpr float kMasked = -std::numeric_limits<float>::infinity();
+  float max_score = kMasked;
+  for (int i = 0; i < len; ++i) {
+    if (table.meta[i].position > query_pos) {
+      weights[i] = kMasked;
+      continue;
+    }
+    const float* k = pool.keys(table.pages[i / page]) + static_cast<size_t>(i % page) * d;
+    float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+    for (int j = 0; j < d; ++j) dot += q[j] * k[j];
+    weights[i] = dot * scale;
+    max_score = std::max(max_score, weights[i]);
+  }
+  float denom = 0.0f;
+  for (int i = 0; i < len; ++i) {
+    weights[i] = weights[i] == kMasked ? 0.0f : std::exp(weights[i] - max_score);
+    denom += weights[i];
+  }
+  const float inv = denom > 0.0f ? 1.0f / denom : 0.0f;
+  for (int i = 0; i < len; ++i) weights[i] *= inv;
+}
+
 // One work item per (sequence, KV head): its K/V pages are read by all of the group's query heads
 // while cached, and score updates to its slots need no synchronisation.
 void attention(KvCache& cache, int layer, const float* q, const int32_t* seq, const int32_t* pos,
@@ -15,7 +44,6 @@ void attention(KvCache& cache, int layer, const float* q, const int32_t* seq, co
   const int kv_heads = cache.num_kv_heads();
   const int group = num_heads / kv_heads;
   const int page = cache.page_size();
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   std::vector<std::vector<int>> tokens_of(cache.num_sequences());
   for (int t = 0; t < n; ++t) tokens_of[seq[t]].push_back(t);
   std::vector<std::pair<int, int>> work;
@@ -23,49 +51,30 @@ void attention(KvCache& cache, int layer, const float* q, const int32_t* seq, co
     if (tokens_of[s].empty()) continue;
     for (int h = 0; h < kv_heads; ++h) work.emplace_back(s, h);
   }
-  constexpr float kMasked = -std::numeric_limits<float>::infinity();
 #pragma omp parallel
   {
-    std::vector<float> scores, acc(d);
+    std::vector<float> weights, acc(d);
 #pragma omp for schedule(dynamic, 1)
     for (size_t w = 0; w < work.size(); ++w) {
       const auto [s, kv] = work[w];
       HeadTable& table = cache.table(s, layer, kv);
       const KvPool& pool = cache.pool();
       const int len = table.size();
-      scores.resize(len);
+      weights.resize(len);
       for (int t : tokens_of[s]) {
         for (int h = kv * group; h < (kv + 1) * group; ++h) {
-          const float* qv = q + (static_cast<size_t>(t) * num_heads + h) * d;
-          float max_score = kMasked;
-          for (int i = 0; i < len; ++i) {
-            if (table.meta[i].position > pos[t]) {
-              scores[i] = kMasked;
-              continue;
-            }
-            const float* k = pool.keys(table.pages[i / page]) + static_cast<size_t>(i % page) * d;
-            float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-            for (int j = 0; j < d; ++j) dot += qv[j] * k[j];
-            scores[i] = dot * scale;
-            max_score = std::max(max_score, scores[i]);
-          }
-          float denom = 0.0f;
-          for (int i = 0; i < len; ++i) {
-            scores[i] = scores[i] == kMasked ? 0.0f : std::exp(scores[i] - max_score);
-            denom += scores[i];
-          }
-          const float inv = denom > 0.0f ? 1.0f / denom : 0.0f;
+          attention_weights(pool, table, q + (static_cast<size_t>(t) * num_heads + h) * d, pos[t],
+                            weights.data());
           std::fill(acc.begin(), acc.end(), 0.0f);
           for (int i = 0; i < len; ++i) {
-            if (scores[i] == 0.0f) continue;
-            const float p = scores[i] * inv;
+            if (weights[i] == 0.0f) continue;
+            const float p = weights[i];
             const float* v = pool.values(table.pages[i / page]) + static_cast<size_t>(i % page) * d;
 #pragma omp simd
             for (int j = 0; j < d; ++j) acc[j] += p * v[j];
           }
           if (score_query != nullptr && score_query[t] != 0) {
-            for (int i = 0; i < len; ++i) table.meta[i].score += scores[i] * inv;
+            for (int i = 0; i < len; ++i) table.meta[i].score += weights[i];
           }
           std::copy(acc.begin(), acc.end(), out + (static_cast<size_t>(t) * num_heads + h) * d);
         }

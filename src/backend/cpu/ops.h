@@ -47,6 +47,12 @@ class Rope {
 // out[i] = silu(gate[i]) * up[i].
 void silu_mul(const float* gate, const float* up, float* out, size_t n);
 
+// Softmax weights of one query head (q: head_dim floats) over the retained slots of a (sequence,
+// layer, KV head): weights[i] for slot i, 0 for slots whose position is after query_pos. All zero
+// when no slot is visible.
+void attention_weights(const KvPool& pool, const HeadTable& table, const float* q, int query_pos,
+                       float* weights);
+
 // Softmax attention of each token's query heads over the retained K/V of its (sequence, layer,
 // KV head) with position <= the token's own. q and out: n rows of spec.q_dim(). When score_query is
 // given, the attention probabilities of the tokens it flags, summed over a KV head's query heads,
