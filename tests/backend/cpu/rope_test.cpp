@@ -21,6 +21,12 @@ std::vector<float> random_heads(int heads, std::mt19937& rng) {
   return x;
 }
 
+// One head of kDim rotated to `position` under `spec`.
+std::vector<float> rotated(const RopeSpec& spec, std::vector<float> x, int32_t position) {
+  Rope(spec, kDim).apply(x.data(), 1, 1, &position);
+  return x;
+}
+
 double dot(const float* a, const float* b) {
   double s = 0;
   for (int i = 0; i < kDim; ++i) s += static_cast<double>(a[i]) * b[i];
@@ -74,10 +80,8 @@ TEST(Rope, LinearScalingDividesPositions) {
   RopeSpec scaled;
   scaled.scaling = RopeScaling::kLinear;
   scaled.factor = 4.0;
-  std::vector<float> a = x, b = x;
-  const int32_t at = 40, quarter = 10;
-  Rope(scaled, kDim).apply(a.data(), 1, 1, &at);
-  Rope(RopeSpec{}, kDim).apply(b.data(), 1, 1, &quarter);
+  const std::vector<float> a = rotated(scaled, x, 40);
+  const std::vector<float> b = rotated(RopeSpec{}, x, 10);
   for (int i = 0; i < kDim; ++i) EXPECT_NEAR(a[i], b[i], 1e-5) << "i " << i;
 }
 
@@ -89,10 +93,8 @@ TEST(Rope, YarnScalesByAttentionFactorAndKeepsHighFrequencies) {
   yarn.factor = 4.0;
   yarn.original_max_position = 4096;
   yarn.attention_factor = 1.2;
-  std::vector<float> a = x, b = x;
-  const int32_t pos = 5;
-  Rope(yarn, kDim).apply(a.data(), 1, 1, &pos);
-  Rope(RopeSpec{}, kDim).apply(b.data(), 1, 1, &pos);
+  const std::vector<float> a = rotated(yarn, x, 5);
+  const std::vector<float> b = rotated(RopeSpec{}, x, 5);
   EXPECT_NEAR(std::sqrt(dot(a.data(), a.data())), 1.2 * std::sqrt(dot(x.data(), x.data())), 1e-4);
   // Pair 0 has the shortest wavelength: YaRN leaves its frequency as it is.
   EXPECT_NEAR(a[0], 1.2 * b[0], 1e-5);
