@@ -48,9 +48,10 @@ void Forward::attention_block(int layer, const ForwardBatch& batch, const float*
   q.resize(static_cast<size_t>(n) * s.q_dim());
   std::vector<float> k(static_cast<size_t>(n) * s.kv_dim()), v(static_cast<size_t>(n) * s.kv_dim());
   auto bias = [](const std::vector<float>& b) { return b.empty() ? nullptr : b.data(); };
-  cpu::linear(L.q, x, n, q.data(), bias(L.q_bias));
-  cpu::linear(L.k, x, n, k.data(), bias(L.k_bias));
-  cpu::linear(L.v, x, n, v.data(), bias(L.v_bias));
+  const cpu::Product qkv[] = {{&L.q, q.data(), bias(L.q_bias)},
+                              {&L.k, k.data(), bias(L.k_bias)},
+                              {&L.v, v.data(), bias(L.v_bias)}};
+  cpu::linear(qkv, x, n);
   if (s.qk_norm == QkNorm::kPerHead) {
     cpu::rms_norm(q.data(), n * s.num_heads, d, L.q_norm.data(), s.rms_eps);
     cpu::rms_norm(k.data(), n * s.num_kv_heads, d, L.k_norm.data(), s.rms_eps);
@@ -95,8 +96,8 @@ std::vector<float> mlp_rows(const Mlp& m, const float* x, int hidden,
     std::copy_n(x + static_cast<size_t>(rows[i]) * hidden, hidden,
                 xs.data() + static_cast<size_t>(i) * hidden);
   }
-  cpu::linear(m.gate, xs.data(), n, g.data());
-  cpu::linear(m.up, xs.data(), n, u.data());
+  const cpu::Product gate_up[] = {{&m.gate, g.data()}, {&m.up, u.data()}};
+  cpu::linear(gate_up, xs.data(), n);
   cpu::silu_mul(g.data(), u.data(), g.data(), g.size());
   cpu::linear(m.down, g.data(), n, y.data());
   return y;

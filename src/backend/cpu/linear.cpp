@@ -88,38 +88,60 @@ void row_dots(const Matrix& w, int r, const float* x, int n, float* acc) {
 
 }  // namespace
 
-void linear(const Matrix& w, const float* x, int n, float* y, const float* bias) {
-  if (n <= 0) return;
+void linear(std::span<const Product> products, const float* x, int n) {
+  if (n <= 0 || products.empty()) return;
+  const int cols = products.front().w->cols;
+  int total_rows = 0;
+  for (const Product& p : products) {
+    if (p.w->cols != cols) {
+      fail(ErrorKind::kInvalidArgument,
+           "linear: products of one input need the same width ({} and {} columns)", cols,
+           p.w->cols);
+    }
+    total_rows += p.w->rows;
+  }
   if (n <= kGemvMaxRows) {
 #pragma omp parallel for schedule(static)
-    for (int r = 0; r < w.rows; ++r) {
+    for (int at = 0; at < total_rows; ++at) {
+      size_t i = 0;
+      int r = at;
+      while (r >= products[i].w->rows) r -= products[i++].w->rows;
+      const Product& p = products[i];
       float acc[kGemvMaxRows];
-      row_dots(w, r, x, n, acc);
-      const float b = bias != nullptr ? bias[r] : 0.0f;
-      for (int t = 0; t < n; ++t) y[static_cast<size_t>(t) * w.rows + r] = acc[t] + b;
+      row_dots(*p.w, r, x, n, acc);
+      const float b = p.bias != nullptr ? p.bias[r] : 0.0f;
+      for (int t = 0; t < n; ++t) p.y[static_cast<size_t>(t) * p.w->rows + r] = acc[t] + b;
     }
     return;
   }
-  const float* wf = static_cast<const float*>(w.data);
-  std::vector<float> converted;
-  if (w.dtype != DType::kF32) {
-    converted.resize(static_cast<size_t>(w.rows) * w.cols);
-    const size_t row_bytes = static_cast<size_t>(w.cols) * dtype_size(w.dtype);
+  for (const Product& p : products) {
+    const Matrix& w = *p.w;
+    const float* wf = static_cast<const float*>(w.data);
+    std::vector<float> converted;
+    if (w.dtype != DType::kF32) {
+      converted.resize(static_cast<size_t>(w.rows) * w.cols);
+      const size_t row_bytes = static_cast<size_t>(w.cols) * dtype_size(w.dtype);
 #pragma omp parallel for schedule(static)
-    for (int r = 0; r < w.rows; ++r) {
-      to_f32(w.dtype, static_cast<const char*>(w.data) + r * row_bytes,
-             converted.data() + static_cast<size_t>(r) * w.cols, w.cols);
+      for (int r = 0; r < w.rows; ++r) {
+        to_f32(w.dtype, static_cast<const char*>(w.data) + r * row_bytes,
+               converted.data() + static_cast<size_t>(r) * w.cols, w.cols);
+      }
+      wf = converted.data();
     }
-    wf = converted.data();
-  }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, w.rows, w.cols, 1.0f, x, w.cols, wf,
-              w.cols, 0.0f, y, w.rows);
-  if (bias != nullptr) {
-    for (int t = 0; t < n; ++t) {
-      float* yr = y + static_cast<size_t>(t) * w.rows;
-      for (int r = 0; r < w.rows; ++r) yr[r] += bias[r];
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, w.rows, w.cols, 1.0f, x, w.cols, wf,
+                w.cols, 0.0f, p.y, w.rows);
+    if (p.bias != nullptr) {
+      for (int t = 0; t < n; ++t) {
+        float* yr = p.y + static_cast<size_t>(t) * w.rows;
+        for (int r = 0; r < w.rows; ++r) yr[r] += p.bias[r];
+      }
     }
   }
+}
+
+void linear(const Matrix& w, const float* x, int n, float* y, const float* bias) {
+  const Product product{&w, y, bias};
+  linear(std::span<const Product>(&product, 1), x, n);
 }
 
 void matrix_row(const Matrix& w, int r, float* out) {

@@ -2,6 +2,7 @@
 // CPU reference operators. float32 activations; weights in their stored dtype, converted on the
 // fly.
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "core/dtype.h"
@@ -22,6 +23,17 @@ struct Matrix {
 // y[n, w.rows] = x[n, w.cols] · wᵀ (+ bias). Few rows: a streaming GEMV that reads the weights
 // once; more: BLAS sgemm on float32 weights.
 void linear(const Matrix& w, const float* x, int n, float* y, const float* bias = nullptr);
+
+// One of several products of the same input: y[n, w->rows] = x · wᵀ (+ bias).
+struct Product {
+  const Matrix* w = nullptr;
+  float* y = nullptr;
+  const float* bias = nullptr;
+};
+// All the products of x[n, cols] (each w with cols columns). Few rows: one parallel pass over all
+// their weight rows, so that threads meet at one barrier instead of one per product (a decode
+// step has dozens of them); more: one sgemm each.
+void linear(std::span<const Product> products, const float* x, int n);
 
 // Row r of w converted to float32 (embedding lookup).
 void matrix_row(const Matrix& w, int r, float* out);
