@@ -48,10 +48,10 @@ void Forward::attention_block(int layer, const ForwardBatch& batch, const float*
   q.resize(static_cast<size_t>(n) * s.q_dim());
   std::vector<float> k(static_cast<size_t>(n) * s.kv_dim()), v(static_cast<size_t>(n) * s.kv_dim());
   auto bias = [](const std::vector<float>& b) { return b.empty() ? nullptr : b.data(); };
-  const cpu::Product qkv[] = {{&L.q, q.data(), bias(L.q_bias)},
-                              {&L.k, k.data(), bias(L.k_bias)},
-                              {&L.v, v.data(), bias(L.v_bias)}};
-  cpu::linear(qkv, x, n);
+  const cpu::Product qkv[] = {{&L.q, x, n, q.data(), bias(L.q_bias)},
+                              {&L.k, x, n, k.data(), bias(L.k_bias)},
+                              {&L.v, x, n, v.data(), bias(L.v_bias)}};
+  cpu::linear(qkv);
   if (s.qk_norm == QkNorm::kPerHead) {
     cpu::rms_norm(q.data(), n * s.num_heads, d, L.q_norm.data(), s.rms_eps);
     cpu::rms_norm(k.data(), n * s.num_kv_heads, d, L.k_norm.data(), s.rms_eps);
@@ -85,22 +85,54 @@ void Forward::attention_block(int layer, const ForwardBatch& batch, const float*
 
 namespace {
 
-// mlp(x[r]) for the listed rows r of x: rows.size() x hidden.
-std::vector<float> mlp_rows(const Mlp& m, const float* x, int hidden,
-                            const std::vector<int32_t>& rows) {
-  const int n = static_cast<int>(rows.size());
-  const int inter = m.gate.rows;
-  std::vector<float> xs(static_cast<size_t>(n) * hidden), g(static_cast<size_t>(n) * inter),
-      u(static_cast<size_t>(n) * inter), y(static_cast<size_t>(n) * hidden);
-  for (int i = 0; i < n; ++i) {
-    std::copy_n(x + static_cast<size_t>(rows[i]) * hidden, hidden,
-                xs.data() + static_cast<size_t>(i) * hidden);
+// An MLP over some rows of the layer's input: y = mlp(x[r]) for each listed row r.
+struct MlpRows {
+  const Mlp* mlp;
+  const std::vector<int32_t>* rows;
+  std::vector<float> y;  // rows->size() x hidden
+};
+
+// Runs several MLPs over their rows of x. Those of few rows (decode) have their products batched,
+// every gate and up product in one cpu::linear call, then every down product; those of many rows
+// (prefill) run one after the other, so that each one's activations stay in cache.
+void run_mlps(std::vector<MlpRows>& jobs, const float* x, int hidden) {
+  const auto run = [&](const std::vector<MlpRows*>& batch) {
+    const size_t count = batch.size();
+    std::vector<std::vector<float>> xs(count), g(count), u(count);
+    std::vector<cpu::Product> products;
+    for (size_t j = 0; j < count; ++j) {
+      const std::vector<int32_t>& rows = *batch[j]->rows;
+      const int n = static_cast<int>(rows.size());
+      const int inter = batch[j]->mlp->gate.rows;
+      xs[j].resize(static_cast<size_t>(n) * hidden);
+      for (int i = 0; i < n; ++i) {
+        std::copy_n(x + static_cast<size_t>(rows[i]) * hidden, hidden,
+                    xs[j].data() + static_cast<size_t>(i) * hidden);
+      }
+      g[j].resize(static_cast<size_t>(n) * inter);
+      u[j].resize(g[j].size());
+      products.push_back({&batch[j]->mlp->gate, xs[j].data(), n, g[j].data()});
+      products.push_back({&batch[j]->mlp->up, xs[j].data(), n, u[j].data()});
+    }
+    cpu::linear(products);
+    products.clear();
+    for (size_t j = 0; j < count; ++j) {
+      const int n = static_cast<int>(batch[j]->rows->size());
+      cpu::silu_mul(g[j].data(), u[j].data(), g[j].data(), g[j].size());
+      batch[j]->y.resize(static_cast<size_t>(n) * hidden);
+      products.push_back({&batch[j]->mlp->down, g[j].data(), n, batch[j]->y.data()});
+    }
+    cpu::linear(products);
+  };
+  std::vector<MlpRows*> few;
+  for (MlpRows& job : jobs) {
+    if (job.rows->size() <= static_cast<size_t>(cpu::kStreamedRows)) {
+      few.push_back(&job);
+    } else {
+      run({&job});
+    }
   }
-  const cpu::Product gate_up[] = {{&m.gate, g.data()}, {&m.up, u.data()}};
-  cpu::linear(gate_up, xs.data(), n);
-  cpu::silu_mul(g.data(), u.data(), g.data(), g.size());
-  cpu::linear(m.down, g.data(), n, y.data());
-  return y;
+  if (!few.empty()) run(few);
 }
 
 // out[r] += weight * y for each listed row r.
@@ -125,8 +157,9 @@ void Forward::moe_block(int layer, int moe_index, const ForwardBatch& batch, con
   std::vector<int32_t> all(n);
   std::iota(all.begin(), all.end(), 0);
   if (!s.layer_is_moe[layer]) {
-    accumulate_rows(mlp_rows(L.dense, x, hidden, all), hidden, all, std::vector<float>(n, 1.0f),
-                    out);
+    std::vector<MlpRows> dense = {{&L.dense, &all, {}}};
+    run_mlps(dense, x, hidden);
+    accumulate_rows(dense[0].y, hidden, all, std::vector<float>(n, 1.0f), out);
     return;
   }
   const int E = s.num_experts;
@@ -172,13 +205,20 @@ void Forward::moe_block(int layer, int moe_index, const ForwardBatch& batch, con
     observer->on_layer_routed(layer, batch, cache_, q_.data(), top_experts.data(), top_gates.data(),
                               s.top_k);
   }
+  std::vector<MlpRows> routed;
+  std::vector<int> routed_expert;
   for (int e = 0; e < E; ++e) {
     if (rows[e].empty()) continue;
-    const std::vector<float> y = mlp_rows(L.experts[e], x, hidden, rows[e]);
+    routed.push_back({&L.experts[e], &rows[e], {}});
+    routed_expert.push_back(e);
+  }
+  run_mlps(routed, x, hidden);
+  for (size_t j = 0; j < routed.size(); ++j) {
+    const int e = routed_expert[j];
     if (observer != nullptr)
-      observer->on_expert_output(layer, e, rows[e], gates[e], y.data(), hidden);
+      observer->on_expert_output(layer, e, rows[e], gates[e], routed[j].y.data(), hidden);
     if (disabled_ != std::pair<int, int>{layer, e})
-      accumulate_rows(y, hidden, rows[e], gates[e], out);
+      accumulate_rows(routed[j].y, hidden, rows[e], gates[e], out);
   }
   if (s.shared_intermediate > 0) {
     std::vector<float> shared_w(n, 1.0f);
@@ -186,7 +226,9 @@ void Forward::moe_block(int layer, int moe_index, const ForwardBatch& batch, con
       cpu::linear(L.shared_gate, x, n, shared_w.data());
       for (float& g : shared_w) g = 1.0f / (1.0f + std::exp(-g));
     }
-    accumulate_rows(mlp_rows(L.shared, x, hidden, all), hidden, all, shared_w, out);
+    std::vector<MlpRows> shared = {{&L.shared, &all, {}}};
+    run_mlps(shared, x, hidden);
+    accumulate_rows(shared[0].y, hidden, all, shared_w, out);
   }
 }
 

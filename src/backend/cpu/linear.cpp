@@ -14,9 +14,6 @@
 namespace ekva::cpu {
 namespace {
 
-// Below this many rows a GEMV that streams each weight row once beats converting weights for sgemm.
-constexpr int kGemvMaxRows = 4;
-
 #ifdef EKVA_AVX2
 inline __m256 load8(const float* p) {
   return _mm256_loadu_ps(p);
@@ -45,7 +42,7 @@ inline float load1(const void* row, int i, DType dtype) {
   }
 }
 
-// acc[t] = dot(x[t], row) for t < n (n <= kGemvMaxRows).
+// acc[t] = dot(x[t], row) for t < n (n <= kStreamedRows).
 void row_dots(const Matrix& w, int r, const float* x, int n, float* acc) {
   const int k = w.cols;
   const char* row =
@@ -68,7 +65,7 @@ void row_dots(const Matrix& w, int r, const float* x, int n, float* acc) {
     for (; i + 8 <= k; i += 8) s0 = _mm256_fmadd_ps(load_w(i), load8(x + i), s0);
     acc[0] = hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
   } else {
-    __m256 s[kGemvMaxRows];
+    __m256 s[kStreamedRows];
     for (int t = 0; t < n; ++t) s[t] = _mm256_setzero_ps();
     for (; i + 8 <= k; i += 8) {
       const __m256 wv = load_w(i);
@@ -88,33 +85,16 @@ void row_dots(const Matrix& w, int r, const float* x, int n, float* acc) {
 
 }  // namespace
 
-void linear(std::span<const Product> products, const float* x, int n) {
-  if (n <= 0 || products.empty()) return;
-  const int cols = products.front().w->cols;
-  int total_rows = 0;
+void linear(std::span<const Product> products) {
+  std::vector<const Product*> streamed;
+  int streamed_rows = 0;
   for (const Product& p : products) {
-    if (p.w->cols != cols) {
-      fail(ErrorKind::kInvalidArgument,
-           "linear: products of one input need the same width ({} and {} columns)", cols,
-           p.w->cols);
+    if (p.n <= 0) continue;
+    if (p.n <= kStreamedRows) {
+      streamed.push_back(&p);
+      streamed_rows += p.w->rows;
+      continue;
     }
-    total_rows += p.w->rows;
-  }
-  if (n <= kGemvMaxRows) {
-#pragma omp parallel for schedule(static)
-    for (int at = 0; at < total_rows; ++at) {
-      size_t i = 0;
-      int r = at;
-      while (r >= products[i].w->rows) r -= products[i++].w->rows;
-      const Product& p = products[i];
-      float acc[kGemvMaxRows];
-      row_dots(*p.w, r, x, n, acc);
-      const float b = p.bias != nullptr ? p.bias[r] : 0.0f;
-      for (int t = 0; t < n; ++t) p.y[static_cast<size_t>(t) * p.w->rows + r] = acc[t] + b;
-    }
-    return;
-  }
-  for (const Product& p : products) {
     const Matrix& w = *p.w;
     const float* wf = static_cast<const float*>(w.data);
     std::vector<float> converted;
@@ -128,20 +108,32 @@ void linear(std::span<const Product> products, const float* x, int n) {
       }
       wf = converted.data();
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, w.rows, w.cols, 1.0f, x, w.cols, wf,
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, p.n, w.rows, w.cols, 1.0f, p.x, w.cols, wf,
                 w.cols, 0.0f, p.y, w.rows);
     if (p.bias != nullptr) {
-      for (int t = 0; t < n; ++t) {
+      for (int t = 0; t < p.n; ++t) {
         float* yr = p.y + static_cast<size_t>(t) * w.rows;
         for (int r = 0; r < w.rows; ++r) yr[r] += p.bias[r];
       }
     }
   }
+  if (streamed.empty()) return;
+#pragma omp parallel for schedule(static)
+  for (int at = 0; at < streamed_rows; ++at) {
+    size_t i = 0;
+    int r = at;
+    while (r >= streamed[i]->w->rows) r -= streamed[i++]->w->rows;
+    const Product& p = *streamed[i];
+    float acc[kStreamedRows];
+    row_dots(*p.w, r, p.x, p.n, acc);
+    const float b = p.bias != nullptr ? p.bias[r] : 0.0f;
+    for (int t = 0; t < p.n; ++t) p.y[static_cast<size_t>(t) * p.w->rows + r] = acc[t] + b;
+  }
 }
 
 void linear(const Matrix& w, const float* x, int n, float* y, const float* bias) {
-  const Product product{&w, y, bias};
-  linear(std::span<const Product>(&product, 1), x, n);
+  const Product product{&w, x, n, y, bias};
+  linear(std::span<const Product>(&product, 1));
 }
 
 void matrix_row(const Matrix& w, int r, float* out) {

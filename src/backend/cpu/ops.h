@@ -20,20 +20,25 @@ struct Matrix {
   size_t bytes() const { return static_cast<size_t>(rows) * cols * dtype_size(dtype); }
 };
 
-// y[n, w.rows] = x[n, w.cols] · wᵀ (+ bias). Few rows: a streaming GEMV that reads the weights
-// once; more: BLAS sgemm on float32 weights.
+// Up to this many rows of x, linear streams each weight row once (a GEMV); above, BLAS sgemm on
+// float32 weights.
+inline constexpr int kStreamedRows = 4;
+
+// y[n, w.rows] = x[n, w.cols] · wᵀ (+ bias).
 void linear(const Matrix& w, const float* x, int n, float* y, const float* bias = nullptr);
 
-// One of several products of the same input: y[n, w->rows] = x · wᵀ (+ bias).
+// One of several products: y[n, w->rows] = x[n, w->cols] · wᵀ (+ bias).
 struct Product {
   const Matrix* w = nullptr;
+  const float* x = nullptr;
+  int n = 0;
   float* y = nullptr;
   const float* bias = nullptr;
 };
-// All the products of x[n, cols] (each w with cols columns). Few rows: one parallel pass over all
-// their weight rows, so that threads meet at one barrier instead of one per product (a decode
-// step has dozens of them); more: one sgemm each.
-void linear(std::span<const Product> products, const float* x, int n);
+// All of the products: those of up to kStreamedRows rows in one parallel pass over all their
+// weight rows, so that threads meet at one barrier instead of one per product (a decode step has
+// dozens of them); the others one sgemm each.
+void linear(std::span<const Product> products);
 
 // Row r of w converted to float32 (embedding lookup).
 void matrix_row(const Matrix& w, int r, float* out);
