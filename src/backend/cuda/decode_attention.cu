@@ -21,16 +21,28 @@ namespace {
 
 constexpr int kThreads = kDecodeWarps * 32;
 
+// Shared-memory layout of the K/V tiles. Measured on the H200 (Nsight Compute, L2-to-SM bytes of
+// the copies): a 32-byte pool sector copied to a 32-byte-aligned shared-memory address is fetched
+// from L2 once, one copied 16 bytes off alignment twice (once per 16-byte half). So rows are
+// unpadded and the tiles aligned, and the 16-byte chunks of a row are permuted by the row
+// (chunk ^ swizzle(row)) so that the 8 rows an ldmatrix reads hit distinct banks. Against rows
+// padded by 16 bytes (every other row off alignment, 1.5x the bytes) this cut the L2 traffic by a
+// third and the time by 6% at B = 32, L = 64k.
 template <int D>
 struct TileConfig {
-  // 16 bytes of padding per row put the 8 rows an ldmatrix reads in distinct banks.
-  static constexpr int kRowElems = D + 8;
+  static constexpr int kRowElems = D;
   static constexpr int kTileElems = kDecodeTileTokens * kRowElems;  // K or V of one tile
   // Enough tiles in flight per multiprocessor to cover DRAM latency at two CTAs per SM.
   static constexpr int kStages = D == 128 ? 3 : 4;
-  static constexpr int kSmemBytes = kStages * 2 * kTileElems * 2;
+  // Room to align the tiles wherever the dynamic allocation starts (after the static arrays).
+  static constexpr int kSmemBytes = kStages * 2 * kTileElems * 2 + 128;
   static constexpr int kChunksPerRow = D / 8;              // 16-byte chunks
   static constexpr int kRowsPerPass = 32 / kChunksPerRow;  // rows one warp copies per instruction
+  // Where logical chunk c of row r sits: rows of 128 bytes or more permute the chunks' low three
+  // bits by the row; 64-byte rows (two per 128-byte bank line) by bits 1-2 of the row.
+  static __device__ __forceinline__ int chunk(int r, int c) {
+    return D == 32 ? c ^ ((r >> 1) & 3) : c ^ (r & 7);
+  }
 };
 
 template <int D, int G>
@@ -45,7 +57,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
   __shared__ float merged_o[G * kMergeRow];
   __shared__ float2 merged_ml[G];
   __shared__ int merges_segment;
-  const uint32_t smem_base = shared_address(smem);
+  const uint32_t smem_base = (shared_address(smem) + 127) & ~127u;
 
   const int piece_begin = p.cta_piece_offsets[blockIdx.x];
   const int piece_end = p.cta_piece_offsets[blockIdx.x + 1];
@@ -109,7 +121,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
         const uint16_t* k_src =
             valid ? p.pool + (static_cast<int64_t>(held_ids[i]) * 2 * ps + row) * D + load_chunk * 8
                   : p.pool;
-        const uint32_t offset = (r * Cfg::kRowElems + load_chunk * 8) * 2;
+        const uint32_t offset = (r * Cfg::kRowElems + Cfg::chunk(r, load_chunk) * 8) * 2;
         cp_async_16(k_dst + offset, k_src, valid, stream_policy);
         cp_async_16(v_dst + offset, valid ? k_src + static_cast<int64_t>(ps) * D : p.pool, valid,
                     stream_policy);
@@ -290,7 +302,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
         uint32_t b[4];
-        ldmatrix_x4(b, k_tile + (row * Cfg::kRowElems + kk * 16 + col) * 2);
+        ldmatrix_x4(b, k_tile + (row * Cfg::kRowElems + Cfg::chunk(row, kk * 2 + col / 8) * 8) * 2);
         const uint32_t a[4] = {q_frag[kk][0], 0u, q_frag[kk][1], 0u};
         mma_bf16_16816(s[0], a, b[0], b[1]);
         mma_bf16_16816(s[1], a, b[2], b[3]);
@@ -349,7 +361,8 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
 #pragma unroll
       for (int nn = 0; nn < D / 16; ++nn) {
         uint32_t b[4];
-        ldmatrix_x4_trans(b, v_tile + (row * Cfg::kRowElems + nn * 16 + col) * 2);
+        ldmatrix_x4_trans(
+            b, v_tile + (row * Cfg::kRowElems + Cfg::chunk(row, nn * 2 + col / 8) * 8) * 2);
         mma_bf16_16816(o[2 * nn], a, b[0], b[1]);
         mma_bf16_16816(o[2 * nn + 1], a, b[2], b[3]);
       }
