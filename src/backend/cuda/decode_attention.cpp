@@ -13,9 +13,13 @@
 namespace ekva::cuda {
 namespace {
 
-// Below this many slots per CTA the fixed cost of a piece (query load, pipeline fill, partial
+// Below this many tiles per CTA the fixed cost of a piece (query load, pipeline fill, partial
 // write) outweighs the parallelism gained.
-constexpr int64_t kMinTokensPerCta = 2 * kDecodeTileTokens;
+constexpr int64_t kMinTilesPerCta = 2;
+
+int64_t tiles_of(int64_t slots) {
+  return (slots + kDecodeTileTokens - 1) / kDecodeTileTokens;
+}
 
 size_t align_up(size_t bytes) {
   return (bytes + 255) / 256 * 256;
@@ -82,11 +86,14 @@ DecodeAttentionPlan::DecodeAttentionPlan(const DecodeAttentionShape& shape,
   const int group = shape.num_q_heads / shape.num_kv_heads;
   const int ctas_per_sm = std::max(1, decode_attention_ctas_per_sm(shape.head_dim, group));
 
-  // Persistent grid: every CTA gets the same number of slots, cut across segment boundaries, so
-  // ragged lengths cost what uniform ones do.
+  // Persistent grid: every CTA gets the same number of tiles, cut across segment boundaries, so
+  // ragged lengths cost what uniform ones do. Tiles, not slots: a segment's last tile is mostly
+  // partial but takes a whole tile's time, and a CTA whose share spans a segment's end would run
+  // one tile more than the others.
   const int64_t slots = static_cast<int64_t>(num_sms) * ctas_per_sm;
-  int64_t quota = std::max(kMinTokensPerCta, (total_tokens_ + slots - 1) / slots);
-  quota = (quota + kDecodeTileTokens - 1) / kDecodeTileTokens * kDecodeTileTokens;
+  int64_t total_tiles = 0;
+  for (const int32_t length : lengths) total_tiles += tiles_of(length);
+  const int64_t quota = std::max(kMinTilesPerCta, (total_tiles + slots - 1) / slots);
 
   std::vector<int32_t> pieces;
   std::vector<int32_t> cta_offsets = {0};
@@ -97,10 +104,10 @@ DecodeAttentionPlan::DecodeAttentionPlan(const DecodeAttentionShape& shape,
     if (lengths[s] == 0) pieces.insert(pieces.end(), {s, 0, 0, 0});
     int64_t start = 0;
     while (start < lengths[s]) {
-      const int64_t take = std::min<int64_t>(lengths[s] - start, quota - filled);
-      pieces.insert(pieces.end(),
-                    {s, static_cast<int32_t>(start), static_cast<int32_t>(start + take), 0});
-      start += take;
+      const int64_t take = std::min(tiles_of(lengths[s] - start), quota - filled);
+      const int64_t end = std::min<int64_t>(lengths[s], start + take * kDecodeTileTokens);
+      pieces.insert(pieces.end(), {s, static_cast<int32_t>(start), static_cast<int32_t>(end), 0});
+      start = end;
       filled += take;
       if (filled == quota) {
         cta_offsets.push_back(static_cast<int32_t>(pieces.size() / 4));
