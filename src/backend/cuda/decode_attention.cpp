@@ -123,8 +123,12 @@ DecodeAttentionPlan::DecodeAttentionPlan(const DecodeAttentionShape& shape,
   num_pieces_ = static_cast<int>(pieces.size() / 4);
   num_ctas_ = static_cast<int>(cta_offsets.size()) - 1;
 
-  schedule_ = std::move(pieces);
-  schedule_.insert(schedule_.end(), cta_offsets.begin(), cta_offsets.end());
+  schedule_ = pieces;
+  for (int c = 0; c < num_ctas_; ++c) {
+    const int32_t* first = &pieces[static_cast<size_t>(cta_offsets[c]) * 4];
+    schedule_.insert(schedule_.end(), {first[0], first[1], first[2], cta_offsets[c]});
+  }
+  schedule_.insert(schedule_.end(), {0, 0, 0, num_pieces_});
   schedule_.insert(schedule_.end(), segment_piece_offsets.begin(), segment_piece_offsets.end());
   schedule_.insert(schedule_.end(), segment_token_offsets.begin(), segment_token_offsets.end());
 
@@ -180,8 +184,8 @@ void DecodeAttentionPlan::run(const PagedKvLayer& kv, const uint16_t* q, uint16_
   launch.out = out;
   launch.scores = scores;
   launch.pieces = reinterpret_cast<const int4*>(schedule);
-  launch.cta_piece_offsets = schedule + 4 * num_pieces_;
-  launch.segment_piece_offsets = launch.cta_piece_offsets + num_ctas_ + 1;
+  launch.cta_starts = launch.pieces + num_pieces_;
+  launch.segment_piece_offsets = schedule + 4 * (num_pieces_ + num_ctas_ + 1);
   launch.segment_token_offsets = launch.segment_piece_offsets + num_segments + 1;
   launch.partial_o = reinterpret_cast<float*>(base + partial_o_offset_);
   launch.partial_ml = reinterpret_cast<float2*>(base + partial_ml_offset_);

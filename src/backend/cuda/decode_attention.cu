@@ -59,8 +59,9 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
   __shared__ int merges_segment;
   const uint32_t smem_base = (shared_address(smem) + 127) & ~127u;
 
-  const int piece_begin = p.cta_piece_offsets[blockIdx.x];
-  const int piece_end = p.cta_piece_offsets[blockIdx.x + 1];
+  const int4 cta_start = p.cta_starts[blockIdx.x];
+  const int piece_begin = cta_start.w;
+  const int piece_end = p.cta_starts[blockIdx.x + 1].w;
   if (piece_begin >= piece_end) return;
 
   const int warp = threadIdx.x / 32;
@@ -82,7 +83,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
     return p.page_shift >= 0 ? slot >> p.page_shift : slot / ps;
   };
   int load_piece = piece_begin;
-  int4 load_info = p.pieces[load_piece];
+  int4 load_info = cta_start;
   int load_start = load_info.y;
   const int32_t* load_table = p.page_ids + p.page_offsets[load_info.x];
   bool held = false;
@@ -133,8 +134,11 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
 
   // Compute cursor and the warp's online-softmax state for the current piece.
   int piece = piece_begin;
-  int4 info = p.pieces[piece];
+  int4 info = cta_start;
+  int4 next_info = info;  // fetched a piece ahead
   int tile_start = info.y;
+  int segment_first = 0;  // the segment's pieces, fetched at the start of the piece
+  int segment_count = 0;
   uint32_t q_frag[D / 16][2];
   float o[D / 8][4];
   float row_max = -INFINITY;
@@ -156,6 +160,9 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
     row_max = -INFINITY;
     row_sum = 0.0f;
     if (p.logits != nullptr) logit_base = p.segment_token_offsets[info.x];
+    segment_first = p.segment_piece_offsets[info.x];
+    segment_count = p.segment_piece_offsets[info.x + 1] - segment_first;
+    if (piece + 1 < piece_end) next_info = p.pieces[piece + 1];
   };
 
   // Normalised output row element e (head e / D, dim e % D) of segment `segment`.
@@ -201,8 +208,8 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
     __syncthreads();
 
     const int segment = info.x;
-    const int first = p.segment_piece_offsets[segment];
-    const int count = p.segment_piece_offsets[segment + 1] - first;
+    const int first = segment_first;
+    const int count = segment_count;
     if (count == 1 && p.scores == nullptr) {
       for (int e = threadIdx.x; e < G * D; e += kThreads) {
         const float2 ml = merged_ml[e / D];
@@ -373,7 +380,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
     if (tile_start >= info.z) {
       end_piece();
       if (++piece < piece_end) {
-        info = p.pieces[piece];
+        info = next_info;
         tile_start = info.y;
         begin_piece();
       }

@@ -60,7 +60,7 @@ class DecodeAttentionPlan {
   int num_ctas_ = 0;
   int num_pieces_ = 0;
   int64_t total_tokens_ = 0;
-  std::vector<int32_t> schedule_;  // pieces, CTA piece offsets, segment piece/token offsets
+  std::vector<int32_t> schedule_;  // pieces, CTA starts, segment piece/token offsets
   size_t counters_offset_ = 0;
   size_t partial_o_offset_ = 0;
   size_t partial_ml_offset_ = 0;

@@ -22,11 +22,12 @@ struct DecodeLaunch {
   float* scores;  // pool-parallel, or null
   // Schedule: piece = {segment, first slot, end slot, unused} (an empty segment has one piece of
   // no slots, so that its output is written too); CTA c runs pieces
-  // [cta_piece_offsets[c], cta_piece_offsets[c + 1]); segment s's pieces are
+  // [cta_starts[c].w, cta_starts[c + 1].w), and cta_starts[c] also holds its first piece (one
+  // dependent load less before the first K/V request); segment s's pieces are
   // [segment_piece_offsets[s], segment_piece_offsets[s + 1]); its slots start at
   // segment_token_offsets[s] in the logits scratch.
   const int4* pieces;
-  const int32_t* cta_piece_offsets;
+  const int4* cta_starts;  // [num_ctas + 1]
   const int32_t* segment_piece_offsets;
   const int32_t* segment_token_offsets;
   float* partial_o;    // [pieces * group, head_dim], unnormalised
