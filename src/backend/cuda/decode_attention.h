@@ -5,10 +5,10 @@
 // ekva::cpu::attention does.
 //
 // Plan/run split, as FlashInfer: the plan turns the host's lengths into a balanced schedule (each
-// CTA of a persistent grid gets the same number of tokens, cut across segments: split-K that fills
-// the GPU for one long sequence and for many short ones alike); upload() copies that schedule into
-// the caller's workspace; run() launches the attention kernel, which also merges the splits (with
-// per-slot scores, a second kernel merges them).
+// CTA of a persistent grid gets the same number of 64-slot tiles, cut across segments: split-K that
+// fills the GPU for one long sequence and for many short ones alike); upload() copies that schedule
+// into the caller's workspace; run() launches the attention kernel, which also merges the splits
+// (with per-slot scores, a second kernel merges them).
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
