@@ -34,6 +34,46 @@ void fail_unsupported_decode_shape(int head_dim, int group) {
        head_dim, group);
 }
 
+DecodeSchedule make_decode_schedule(std::span<const int32_t> lengths, int64_t grid_ctas) {
+  // Tiles, not slots: a segment's last tile is mostly partial but takes a whole tile's time, and a
+  // CTA whose share spans a segment's end would run one tile more than the others.
+  if (grid_ctas < 1) {
+    fail(ErrorKind::kInvalidArgument, "CUDA decode attention: a grid of {} CTAs", grid_ctas);
+  }
+  int64_t total_tiles = 0;
+  for (const int32_t length : lengths) total_tiles += tiles_of(length);
+  const int64_t quota = std::max(kMinTilesPerCta, (total_tiles + grid_ctas - 1) / grid_ctas);
+
+  DecodeSchedule schedule;
+  schedule.cta_piece_offsets = {0};
+  schedule.segment_piece_offsets = {0};
+  schedule.segment_token_offsets = {0};
+  std::vector<int32_t>& pieces = schedule.pieces;
+  int64_t filled = 0;
+  for (int s = 0; s < static_cast<int>(lengths.size()); ++s) {
+    if (lengths[s] == 0) pieces.insert(pieces.end(), {s, 0, 0, 0});
+    int64_t start = 0;
+    while (start < lengths[s]) {
+      // A full CTA is closed only when slots remain, so empty segments after it join it.
+      if (filled == quota) {
+        schedule.cta_piece_offsets.push_back(schedule.num_pieces());
+        filled = 0;
+      }
+      const int64_t take = std::min(tiles_of(lengths[s] - start), quota - filled);
+      const int64_t end = std::min<int64_t>(lengths[s], start + take * kDecodeTileTokens);
+      pieces.insert(pieces.end(), {s, static_cast<int32_t>(start), static_cast<int32_t>(end), 0});
+      start = end;
+      filled += take;
+    }
+    schedule.segment_piece_offsets.push_back(schedule.num_pieces());
+    schedule.segment_token_offsets.push_back(schedule.segment_token_offsets.back() + lengths[s]);
+  }
+  if (schedule.num_pieces() > schedule.cta_piece_offsets.back()) {
+    schedule.cta_piece_offsets.push_back(schedule.num_pieces());
+  }
+  return schedule;
+}
+
 std::string DecodeAttentionPlan::unsupported_reason(const DecodeAttentionShape& shape) {
   if (shape.num_sequences <= 0 || shape.num_q_heads <= 0 || shape.num_kv_heads <= 0 ||
       shape.page_size <= 0) {
@@ -86,51 +126,21 @@ DecodeAttentionPlan::DecodeAttentionPlan(const DecodeAttentionShape& shape,
   const int group = shape.num_q_heads / shape.num_kv_heads;
   const int ctas_per_sm = std::max(1, decode_attention_ctas_per_sm(shape.head_dim, group));
 
-  // Persistent grid: every CTA gets the same number of tiles, cut across segment boundaries, so
-  // ragged lengths cost what uniform ones do. Tiles, not slots: a segment's last tile is mostly
-  // partial but takes a whole tile's time, and a CTA whose share spans a segment's end would run
-  // one tile more than the others.
-  const int64_t slots = static_cast<int64_t>(num_sms) * ctas_per_sm;
-  int64_t total_tiles = 0;
-  for (const int32_t length : lengths) total_tiles += tiles_of(length);
-  const int64_t quota = std::max(kMinTilesPerCta, (total_tiles + slots - 1) / slots);
-
-  std::vector<int32_t> pieces;
-  std::vector<int32_t> cta_offsets = {0};
-  std::vector<int32_t> segment_piece_offsets = {0};
-  std::vector<int32_t> segment_token_offsets = {0};
-  int64_t filled = 0;
-  for (int s = 0; s < num_segments; ++s) {
-    if (lengths[s] == 0) pieces.insert(pieces.end(), {s, 0, 0, 0});
-    int64_t start = 0;
-    while (start < lengths[s]) {
-      const int64_t take = std::min(tiles_of(lengths[s] - start), quota - filled);
-      const int64_t end = std::min<int64_t>(lengths[s], start + take * kDecodeTileTokens);
-      pieces.insert(pieces.end(), {s, static_cast<int32_t>(start), static_cast<int32_t>(end), 0});
-      start = end;
-      filled += take;
-      if (filled == quota) {
-        cta_offsets.push_back(static_cast<int32_t>(pieces.size() / 4));
-        filled = 0;
-      }
-    }
-    segment_piece_offsets.push_back(static_cast<int32_t>(pieces.size() / 4));
-    segment_token_offsets.push_back(segment_token_offsets.back() + lengths[s]);
-  }
-  if (static_cast<int32_t>(pieces.size() / 4) > cta_offsets.back()) {
-    cta_offsets.push_back(static_cast<int32_t>(pieces.size() / 4));
-  }
-  num_pieces_ = static_cast<int>(pieces.size() / 4);
-  num_ctas_ = static_cast<int>(cta_offsets.size()) - 1;
-
-  schedule_ = pieces;
+  const DecodeSchedule schedule =
+      make_decode_schedule(lengths, static_cast<int64_t>(num_sms) * ctas_per_sm);
+  num_pieces_ = schedule.num_pieces();
+  num_ctas_ = schedule.num_ctas();
+  schedule_ = schedule.pieces;
   for (int c = 0; c < num_ctas_; ++c) {
-    const int32_t* first = &pieces[static_cast<size_t>(cta_offsets[c]) * 4];
-    schedule_.insert(schedule_.end(), {first[0], first[1], first[2], cta_offsets[c]});
+    const int32_t* first = &schedule.pieces[static_cast<size_t>(schedule.cta_piece_offsets[c]) * 4];
+    schedule_.insert(schedule_.end(),
+                     {first[0], first[1], first[2], schedule.cta_piece_offsets[c]});
   }
   schedule_.insert(schedule_.end(), {0, 0, 0, num_pieces_});
-  schedule_.insert(schedule_.end(), segment_piece_offsets.begin(), segment_piece_offsets.end());
-  schedule_.insert(schedule_.end(), segment_token_offsets.begin(), segment_token_offsets.end());
+  schedule_.insert(schedule_.end(), schedule.segment_piece_offsets.begin(),
+                   schedule.segment_piece_offsets.end());
+  schedule_.insert(schedule_.end(), schedule.segment_token_offsets.begin(),
+                   schedule.segment_token_offsets.end());
 
   const size_t partials = static_cast<size_t>(num_pieces_) * group;
   counters_offset_ = align_up(schedule_.size() * sizeof(int32_t));

@@ -29,6 +29,24 @@ struct DecodeAttentionShape {
   bool with_scores = false;  // also write each slot's attention weight summed over its group
 };
 
+// How a layer's slots are cut into pieces for a persistent grid of grid_ctas CTAs: every CTA gets
+// the same number of 64-slot tiles (the last one fewer), cut across segments; a segment's pieces
+// are consecutive and tile-aligned within it, and an empty segment has one piece of no slots (so
+// that its output is written too). Host-only, so that it is testable without a GPU.
+struct DecodeSchedule {
+  std::vector<int32_t> pieces;  // 4 per piece: segment, first slot, end slot, 0
+  // CTA c runs pieces [cta_piece_offsets[c], cta_piece_offsets[c + 1]); segment s has pieces
+  // [segment_piece_offsets[s], segment_piece_offsets[s + 1]); segment_token_offsets are the
+  // lengths' prefix sums.
+  std::vector<int32_t> cta_piece_offsets;
+  std::vector<int32_t> segment_piece_offsets;
+  std::vector<int32_t> segment_token_offsets;
+
+  int num_pieces() const { return static_cast<int>(pieces.size() / 4); }
+  int num_ctas() const { return static_cast<int>(cta_piece_offsets.size()) - 1; }
+};
+DecodeSchedule make_decode_schedule(std::span<const int32_t> lengths, int64_t grid_ctas);
+
 class DecodeAttentionPlan {
  public:
   // Empty when the kernels implement the shape, else the reason they do not.

@@ -187,6 +187,80 @@ TEST(DecodeAttentionPlanTest, RejectsUnsupportedShapes) {
   }
 }
 
+// Every slot of every segment in exactly one piece, a segment's pieces consecutive and
+// tile-aligned, and every CTA but the last given exactly the quota of tiles.
+void check_schedule(const std::vector<int32_t>& lengths, int64_t grid_ctas) {
+  SCOPED_TRACE(::testing::Message() << lengths.size() << " segments, grid " << grid_ctas);
+  constexpr int kTile = 64;
+  const DecodeSchedule schedule = make_decode_schedule(lengths, grid_ctas);
+  const auto tiles = [](int64_t slots) { return (slots + kTile - 1) / kTile; };
+  int64_t total_tiles = 0;
+  for (const int32_t l : lengths) total_tiles += tiles(l);
+  const int64_t quota = std::max<int64_t>(2, (total_tiles + grid_ctas - 1) / grid_ctas);
+
+  ASSERT_EQ(schedule.segment_piece_offsets.size(), lengths.size() + 1);
+  ASSERT_EQ(schedule.segment_token_offsets.size(), lengths.size() + 1);
+  EXPECT_EQ(schedule.segment_piece_offsets.front(), 0);
+  EXPECT_EQ(schedule.segment_piece_offsets.back(), schedule.num_pieces());
+  int64_t tokens = 0;
+  for (size_t s = 0; s < lengths.size(); ++s) {
+    EXPECT_EQ(schedule.segment_token_offsets[s], tokens);
+    tokens += lengths[s];
+    const int first = schedule.segment_piece_offsets[s];
+    const int last = schedule.segment_piece_offsets[s + 1];
+    ASSERT_LT(first, last) << "segment " << s << " has no piece";
+    int32_t covered = 0;
+    for (int i = first; i < last; ++i) {
+      const int32_t* piece = &schedule.pieces[static_cast<size_t>(i) * 4];
+      EXPECT_EQ(piece[0], static_cast<int32_t>(s));
+      EXPECT_EQ(piece[1], covered) << "piece " << i;
+      EXPECT_EQ(piece[1] % kTile, 0) << "piece " << i;
+      EXPECT_TRUE(piece[2] > piece[1] || (lengths[s] == 0 && piece[2] == 0)) << "piece " << i;
+      covered = piece[2];
+    }
+    EXPECT_EQ(covered, lengths[s]) << "segment " << s;
+    if (lengths[s] == 0) {
+      EXPECT_EQ(last - first, 1);
+    }
+  }
+  EXPECT_EQ(schedule.segment_token_offsets.back(), tokens);
+
+  ASSERT_GE(schedule.num_ctas(), 1);
+  EXPECT_LE(schedule.num_ctas(), grid_ctas);
+  EXPECT_EQ(schedule.cta_piece_offsets.front(), 0);
+  EXPECT_EQ(schedule.cta_piece_offsets.back(), schedule.num_pieces());
+  for (int c = 0; c < schedule.num_ctas(); ++c) {
+    ASSERT_LT(schedule.cta_piece_offsets[c], schedule.cta_piece_offsets[c + 1]) << "CTA " << c;
+    int64_t cta_tiles = 0;
+    for (int i = schedule.cta_piece_offsets[c]; i < schedule.cta_piece_offsets[c + 1]; ++i) {
+      cta_tiles += tiles(schedule.pieces[static_cast<size_t>(i) * 4 + 2] -
+                         schedule.pieces[static_cast<size_t>(i) * 4 + 1]);
+    }
+    if (c + 1 < schedule.num_ctas()) {
+      EXPECT_EQ(cta_tiles, quota) << "CTA " << c;
+    } else {
+      EXPECT_LE(cta_tiles, quota) << "CTA " << c;
+    }
+  }
+}
+
+TEST(DecodeAttentionPlanTest, ScheduleCoversEverySlotWithEqualTilesPerCta) {
+  std::mt19937 rng(5);
+  check_schedule({4096, 4096, 4096, 4096}, 264);
+  check_schedule({0, 0, 0}, 264);
+  check_schedule({1, 63, 64, 65, 0, 127, 128, 129}, 3);
+  check_schedule({131072}, 264);
+  for (const int max_length : {5, 200, 5000, 70000}) {
+    for (const int64_t grid : {1, 7, 132, 264}) {
+      std::uniform_int_distribution<int> length(0, max_length);
+      std::vector<int32_t> lengths(1 + rng() % 300);
+      for (int32_t& l : lengths) l = length(rng);
+      check_schedule(lengths, grid);
+    }
+  }
+  EXPECT_THROW(make_decode_schedule(std::vector<int32_t>{10}, 0), Error);
+}
+
 TEST(DecodeAttentionPlanTest, DispatchThrowsOnUnsupportedValues) {
   int seen = 0;
   dispatch_decode_shape(
