@@ -1,4 +1,4 @@
-// Split-K decode attention over the paged KV pool (flash-decoding on a persistent, token-balanced
+// Split-K decode attention over the paged KV pool (flash-decoding on a persistent, tile-balanced
 // grid). Each CTA streams its tiles of 64 slots through a cp.async pipeline; each of its four warps
 // takes 16 slots of a tile and runs Q·Kᵀ and P·V on the tensor cores with the group's query heads
 // as the rows of a 16-row fragment, so every K/V byte is read once for the whole group. Warps keep
