@@ -41,7 +41,13 @@ DecodeSchedule make_decode_schedule(std::span<const int32_t> lengths, int64_t gr
     fail(ErrorKind::kInvalidArgument, "CUDA decode attention: a grid of {} CTAs", grid_ctas);
   }
   int64_t total_tiles = 0;
-  for (const int32_t length : lengths) total_tiles += tiles_of(length);
+  for (size_t s = 0; s < lengths.size(); ++s) {
+    if (lengths[s] < 0) {
+      fail(ErrorKind::kInvalidArgument, "CUDA decode attention: segment {} has length {}", s,
+           lengths[s]);
+    }
+    total_tiles += tiles_of(lengths[s]);
+  }
   const int64_t quota = std::max(kMinTilesPerCta, (total_tiles + grid_ctas - 1) / grid_ctas);
 
   DecodeSchedule schedule;

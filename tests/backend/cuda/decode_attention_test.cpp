@@ -259,6 +259,7 @@ TEST(DecodeAttentionPlanTest, ScheduleCoversEverySlotWithEqualTilesPerCta) {
     }
   }
   EXPECT_THROW(make_decode_schedule(std::vector<int32_t>{10}, 0), Error);
+  EXPECT_THROW(make_decode_schedule(std::vector<int32_t>{10, -1}, 4), Error);
 }
 
 TEST(DecodeAttentionPlanTest, DispatchThrowsOnUnsupportedValues) {
