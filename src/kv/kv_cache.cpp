@@ -1,5 +1,6 @@
 #include "kv/kv_cache.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
@@ -106,6 +107,31 @@ void KvCache::evict(int seq, int layer, int kv_head, int slot) {
   }
   t.meta.pop_back();
   if (last % page_size() == 0) {
+    pool_.release(t.pages.back());
+    t.pages.pop_back();
+  }
+}
+
+void KvCache::evict_flagged(int seq, int layer, int kv_head, const std::vector<uint8_t>& flags) {
+  HeadTable& t = table(seq, layer, kv_head);
+  if (static_cast<int>(flags.size()) != t.size()) {
+    fail(ErrorKind::kInvalidArgument, "evict_flagged: {} flags for a table of {} slots",
+         flags.size(), t.size());
+  }
+  const int kept = t.size() - static_cast<int>(std::count_if(flags.begin(), flags.end(),
+                                                             [](uint8_t f) { return f != 0; }));
+  int survivor = kept;
+  for (int hole = 0; hole < kept; ++hole) {
+    if (flags[hole] == 0) continue;
+    while (flags[survivor] != 0) ++survivor;
+    std::memcpy(row(t, hole, false), row(t, survivor, false), head_dim() * sizeof(float));
+    std::memcpy(row(t, hole, true), row(t, survivor, true), head_dim() * sizeof(float));
+    t.meta[hole] = t.meta[survivor];
+    ++survivor;
+  }
+  t.meta.resize(kept);
+  const size_t pages = (static_cast<size_t>(kept) + page_size() - 1) / page_size();
+  while (t.pages.size() > pages) {
     pool_.release(t.pages.back());
     t.pages.pop_back();
   }

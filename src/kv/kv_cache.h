@@ -1,7 +1,8 @@
 #pragma once
 // The KV cache: a paged pool plus, per (sequence, layer, KV head), a ragged table of the tokens it
-// retains. Only retained tokens occupy memory; eviction swap-removes a slot in O(1). Keys are
-// stored after RoPE, so a retained token never needs its neighbours again.
+// retains. Only retained tokens occupy memory; eviction fills holes with slots from the end, so no
+// other slot moves (one slot: swap-remove in O(1)). Keys are stored after RoPE, so a retained token
+// never needs its neighbours again.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -87,6 +88,12 @@ class KvCache {
   int append(int seq, int layer, int kv_head, const float* key, const float* value, TokenMeta meta);
   // Removes a slot by moving the last slot into it: O(1), no other slot moves.
   void evict(int seq, int layer, int kv_head, int slot);
+  // Removes every slot whose flag is non-zero (one flag per slot) at once. With kept = the slots
+  // left, the i-th flagged slot below kept receives the i-th unflagged slot at or past kept, both
+  // in ascending order: only those survivors move, and each move is independent of the others, so
+  // the device compaction (cuda::evict_flagged) produces the same order in parallel. One flag is
+  // the same as evict().
+  void evict_flagged(int seq, int layer, int kv_head, const std::vector<uint8_t>& flags);
   void clear_sequence(int seq);
 
   const float* key(int seq, int layer, int kv_head, int slot) const;

@@ -269,13 +269,9 @@ void KvPolicy::compress(KvCache& cache, int seq, int prompt_len) {
       const HeadTable& t = cache.table(seq, l, h);
       const int keep = head_budget(seq, l, h);
       if (t.size() <= keep) continue;
-      std::vector<uint8_t> keep_flag(t.size(), 0);
-      for (int s : select(cache, seq, l, h, prompt_len, keep)) keep_flag[s] = 1;
-      // Descending order: the slot swapped into a hole always comes from the end, never a pending
-      // one.
-      for (int s = t.size() - 1; s >= 0; --s) {
-        if (!keep_flag[s]) cache.evict(seq, l, h, s);
-      }
+      std::vector<uint8_t> evict_flag(t.size(), 1);
+      for (int s : select(cache, seq, l, h, prompt_len, keep)) evict_flag[s] = 0;
+      cache.evict_flagged(seq, l, h, evict_flag);
     }
   }
 }

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -71,6 +72,82 @@ TEST(KvCache, BytesAreRetainedTokensPlusAtMostOnePartialPagePerTable) {
   EXPECT_EQ(cache.kv_bytes_in_use(), pages * cache.pool().page_bytes());
   const size_t token_bytes = 2 * 8 * sizeof(float);
   EXPECT_LE(cache.kv_bytes_in_use(), cache.retained_tokens() * token_bytes + 12 * 15 * token_bytes);
+}
+
+KvCache filled(int n, int page_size) {
+  KvCache cache(shape(1, 1, 4), 1, page_size);
+  for (int p = 0; p < n; ++p) {
+    TokenMeta m;
+    m.position = p;
+    cache.append(0, 0, 0, row(4, p).data(), row(4, 100 + p).data(), m);
+  }
+  return cache;
+}
+
+TEST(KvCache, EvictFlaggedFillsTheHolesWithTheTailSurvivorsInOrder) {
+  KvCache cache = filled(10, 4);
+  const std::vector<uint8_t> flags = {1, 1, 0, 1, 0, 0, 0, 0, 1, 0};
+  cache.evict_flagged(0, 0, 0, flags);
+  // Six are kept; the holes 0, 1 and 3 receive the survivors 6, 7 and 9 of the tail [6, 10).
+  const std::vector<int32_t> expected = {6, 7, 2, 9, 4, 5};
+  const HeadTable& t = cache.table(0, 0, 0);
+  ASSERT_EQ(t.size(), 6);
+  for (int slot = 0; slot < 6; ++slot) {
+    EXPECT_EQ(t.meta[slot].position, expected[slot]);
+    EXPECT_EQ(cache.key(0, 0, 0, slot)[1], static_cast<float>(expected[slot]));
+    EXPECT_EQ(cache.value(0, 0, 0, slot)[3], 100.0f + static_cast<float>(expected[slot]));
+  }
+  EXPECT_EQ(cache.pool().pages_in_use(), 2u);
+}
+
+TEST(KvCache, EvictFlaggedKeepsExactlyTheUnflaggedAndMovesOnlyTheTail) {
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int n = 1 + static_cast<int>(rng() % 90);
+    const double density = (rng() % 5) / 4.0;
+    std::bernoulli_distribution flag(density);
+    KvCache cache = filled(n, 1 + static_cast<int>(rng() % 7));
+    std::vector<uint8_t> flags(n);
+    for (auto& f : flags) f = flag(rng);
+    cache.evict_flagged(0, 0, 0, flags);
+    const HeadTable& t = cache.table(0, 0, 0);
+    std::vector<int32_t> kept, expected;
+    for (int p = 0; p < n; ++p) {
+      if (flags[p] == 0) expected.push_back(p);
+    }
+    ASSERT_EQ(t.size(), static_cast<int>(expected.size()));
+    for (int slot = 0; slot < t.size(); ++slot) {
+      if (flags[slot] == 0) {
+        EXPECT_EQ(t.meta[slot].position, slot);  // unflagged below kept stay
+      }
+      EXPECT_EQ(cache.key(0, 0, 0, slot)[0], static_cast<float>(t.meta[slot].position));
+      kept.push_back(t.meta[slot].position);
+    }
+    std::sort(kept.begin(), kept.end());
+    EXPECT_EQ(kept, expected);
+    EXPECT_EQ(cache.pool().pages_in_use(),
+              (expected.size() + cache.page_size() - 1) / cache.page_size());
+  }
+}
+
+TEST(KvCache, EvictFlaggedWithOneFlagIsEvict) {
+  for (int slot = 0; slot < 9; ++slot) {
+    KvCache one = filled(9, 4), flagged = filled(9, 4);
+    one.evict(0, 0, 0, slot);
+    std::vector<uint8_t> flags(9, 0);
+    flags[slot] = 1;
+    flagged.evict_flagged(0, 0, 0, flags);
+    for (int s = 0; s < 8; ++s) {
+      EXPECT_EQ(flagged.table(0, 0, 0).meta[s].position, one.table(0, 0, 0).meta[s].position);
+    }
+  }
+}
+
+TEST(KvCache, EvictFlaggedNeedsAFlagPerSlot) {
+  KvCache cache = filled(5, 4);
+  const std::vector<uint8_t> flags(4, 1);
+  EXPECT_THROW(cache.evict_flagged(0, 0, 0, flags), Error);
+  EXPECT_EQ(cache.table(0, 0, 0).size(), 5);
 }
 
 TEST(KvCache, EvictOutOfRangeIsAnError) {

@@ -59,6 +59,9 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
   __shared__ int merges_segment;
   const uint32_t smem_base = (shared_address(smem) + 127) & ~127u;
 
+  // The next kernel may start on the multiprocessors this grid frees; it waits for this one to
+  // finish before it touches anything this one touches.
+  allow_next_grid();
   const int4 cta_start = p.cta_starts[blockIdx.x];
   const int piece_begin = cta_start.w;
   const int piece_end = p.cta_starts[blockIdx.x + 1].w;
@@ -287,7 +290,11 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
     if (threadIdx.x == 0) p.segment_counters[segment] = 0;
   };
 
+  // Only the schedule and the block tables, which the host writes, are read before the kernel
+  // before this one has finished: it may be writing q and the pool (the appended token), or
+  // reading this plan's partials and counters (the previous run).
   fetch_ids();
+  wait_for_prior_grid();
 #pragma unroll
   for (int s = 0; s < Cfg::kStages - 1; ++s) issue_tile(s);
   begin_piece();
@@ -485,9 +492,9 @@ void launch_decode_attention(const DecodeLaunch& launch, cudaStream_t stream) {
   dispatch_decode_shape(launch.head_dim, launch.group, [&](auto dim, auto grp) {
     constexpr int D = decltype(dim)::value;
     constexpr int G = decltype(grp)::value;
-    decode_attention_kernel<D, G>
-        <<<launch.num_ctas, kThreads, TileConfig<D>::kSmemBytes, stream>>>(launch);
-    EKVA_CUDA_CHECK(cudaGetLastError());
+    // The launch and the schedule reads overlap the tail of the kernel before.
+    launch_overlapping(decode_attention_kernel<D, G>, dim3(launch.num_ctas), kThreads,
+                       TileConfig<D>::kSmemBytes, stream, launch);
     if (launch.scores != nullptr) {
       decode_reduce_kernel<D, G>
           <<<dim3(launch.num_segments, G), kReduceWarps * 32, 0, stream>>>(launch);

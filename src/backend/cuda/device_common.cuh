@@ -1,9 +1,11 @@
 #pragma once
-// Small device helpers shared by the CUDA kernels: async copies, ldmatrix and the bf16 tensor-core
-// product, written out in PTX so that the data movement is explicit.
+// Small helpers shared by the CUDA kernels: async copies, ldmatrix and the bf16 tensor-core
+// product, written out in PTX so that the data movement is explicit, and the overlapping launch.
 #include <cuda_bf16.h>
 
 #include <cstdint>
+
+#include "backend/cuda/cuda_check.h"
 
 namespace ekva::cuda {
 
@@ -16,6 +18,35 @@ __device__ __forceinline__ uint64_t evict_first_policy() {
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
   return policy;
+}
+
+// Programmatic dependent launch. A kernel launched with programmatic stream serialization may
+// start while the kernel before it in the stream is still running, once every CTA of that kernel
+// has allowed it (or exited); it must wait before it reads or writes anything that kernel touches.
+// Without the launch attribute, on either side, both are no-ops.
+__device__ __forceinline__ void allow_next_grid() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::);
+}
+__device__ __forceinline__ void wait_for_prior_grid() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+
+// Launches `kernel` with programmatic stream serialization, so that it may start while the kernel
+// before it finishes (it calls wait_for_prior_grid before touching what that kernel touches).
+template <typename Launch>
+void launch_overlapping(void (*kernel)(Launch), dim3 grid, dim3 block, size_t shared_bytes,
+                        cudaStream_t stream, const Launch& launch) {
+  cudaLaunchAttribute overlap{};
+  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  overlap.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  config.attrs = &overlap;
+  config.numAttrs = 1;
+  EKVA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, launch));
 }
 
 // 16-byte global->shared copy that bypasses L1, under an L2 cache policy; when !valid it writes

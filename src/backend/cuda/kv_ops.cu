@@ -60,54 +60,54 @@ constexpr int kPlanWarps = kPlanThreads / 32;
 // ballots and the counts of the warps before.
 constexpr int kPlanSlotsPerThread = 16;
 constexpr int kPlanRound = kPlanThreads * kPlanSlotsPerThread;
-// Tails of up to this many slots are linked in shared memory, longer ones in the scratch.
-constexpr int kPlanSharedLinks = 16384;
 
-// One CTA per segment. Evicting the flagged slots f_1 > f_2 > ... > f_k one at a time moves, at
-// step j, the content of position length - j into f_j (when f_j is not last). In ascending order
-// F_0 < ... < F_{k-1} (F_r = f_{k-r}) and with kept = length - k, that reads: the holes F_r < kept
-// (r < holes) receive resolve(kept + r), where resolve(q) = q for an unflagged q and
-// resolve(kept + r) for q = F_r: a chain through the tail [kept, length) that only moves upward.
-// One pass over the flags writes each flagged slot's pool row and slot at its rank r; the tail is
-// then linked by offset from kept (a tail slot kept + t: t itself if unflagged, r if it is F_r) and
-// the chains resolved by pointer jumping. The scratch stretch of segment s starts at
-// page_offsets[s] * page_size: move_dst[r] is hole r's pool row (the dense move list the copy
-// reads), move_src[r] the slot F_r and then hole r's source row; the tail links use move_dst from
-// holes on, whose rows the move list does not need.
+// The sum of every thread's value; ends with a barrier, so `partial` can be reused at once.
+__device__ __forceinline__ int plan_sum(int value, int* partial) {
+  value = __reduce_add_sync(0xffffffffu, value);
+  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = value;
+  __syncthreads();
+  int total = 0;
+#pragma unroll
+  for (int w = 0; w < kPlanWarps; ++w) total += partial[w];
+  __syncthreads();
+  return total;
+}
+
+// One CTA per segment, KvCache::evict_flagged's order: with kept = length - flagged, the r-th
+// flagged slot below kept (a hole) receives the r-th unflagged slot at or past kept. A first pass
+// counts the flags, so that the second writes only what the copy reads: each hole's pool row at
+// its rank r among the flagged, and each unflagged slot past kept its row at its rank among the
+// unflagged (slot - flagged below it). The unflagged below kept number kept - holes, so hole r's
+// survivor is kept_rows[kept - holes + r]. The second pass finds the flags in L2. The scratch
+// stretch of segment s starts at page_offsets[s] * page_size.
 __global__ void __launch_bounds__(kPlanThreads, 2) plan_compaction_kernel(const CompactLaunch p) {
-  extern __shared__ int32_t shared_links[];
-  __shared__ int warp_flagged[kPlanWarps];
-  __shared__ int holes;
+  __shared__ int warp_counts[kPlanWarps];
+  allow_next_grid();  // the copy waits for the whole plan
   const int segment = blockIdx.x;
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int length = p.lengths[segment];
   const int32_t* table = p.page_ids + p.page_offsets[segment];
   const int64_t scratch = static_cast<int64_t>(p.page_offsets[segment]) * p.page_size;
-  int32_t* const move_dst = p.move_dst + scratch;
-  int32_t* const move_src = p.move_src + scratch;
+  int32_t* const hole_rows = p.hole_rows + scratch;
+  int32_t* const kept_rows = p.kept_rows + scratch;
   const int page_step = 32 / p.page_size;
   const int row_step = 32 - page_step * p.page_size;
   const uint32_t lanes_below = (1u << lane) - 1u;
 
-  int k = 0;  // flagged slots below the current round, then in all
-  for (int base = 0; base < length; base += kPlanRound) {
-    // The lane's slots of the round: every 32nd from `first`, with their pool rows.
-    const int first = base + warp * 32 * kPlanSlotsPerThread + lane;
+  // The lane's slots of the round from `first`, every 32nd: their pool rows and flags.
+  const auto load_round = [&](int first, int32_t(&rows)[kPlanSlotsPerThread],
+                              bool(&flags)[kPlanSlotsPerThread]) {
     int page = first / p.page_size;
     int row = first - page * p.page_size;
-    int32_t rows[kPlanSlotsPerThread];
-    uint32_t ballots[kPlanSlotsPerThread];
-    int in_warp = 0;
 #pragma unroll
     for (int i = 0; i < kPlanSlotsPerThread; ++i) {
-      bool flag = false;
+      rows[i] = 0;
+      flags[i] = false;
       if (first + i * 32 < length) {
         rows[i] = table[page] * p.page_size + row;
-        flag = p.evict_flags[rows[i]] != 0;
+        flags[i] = p.evict_flags[rows[i]] != 0;
       }
-      ballots[i] = __ballot_sync(0xffffffffu, flag);
-      in_warp += __popc(ballots[i]);
       page += page_step;
       row += row_step;
       if (row >= p.page_size) {
@@ -115,103 +115,67 @@ __global__ void __launch_bounds__(kPlanThreads, 2) plan_compaction_kernel(const 
         ++page;
       }
     }
-    if (lane == 0) warp_flagged[warp] = in_warp;
+  };
+
+  // The count needs no order: a page per thread, its flags four at a time where the page size
+  // lets them start 4-byte aligned, so it costs far fewer instructions than the ranked pass below
+  // (the plan is bound by instruction issue, not by memory).
+  int flagged = 0;
+  const int pages = (length + p.page_size - 1) / p.page_size;
+  for (int j = threadIdx.x; j < pages; j += kPlanThreads) {
+    const uint8_t* const page_flags = p.evict_flags + static_cast<int64_t>(table[j]) * p.page_size;
+    const int in_page = min(p.page_size, length - j * p.page_size);
+    if (p.page_size % 4 == 0) {
+      for (int b = 0; b < in_page; b += 4) {
+        uint32_t word = *reinterpret_cast<const uint32_t*>(page_flags + b);
+        if (in_page - b < 4) word &= (1u << (8 * (in_page - b))) - 1u;  // slots past the length
+        flagged += __popc(__vcmpne4(word, 0u)) / 8;
+      }
+    } else {
+      for (int b = 0; b < in_page; ++b) flagged += page_flags[b] != 0;
+    }
+  }
+  const int kept = length - plan_sum(flagged, warp_counts);
+
+  int k = 0;      // flagged slots below the current round
+  int holes = 0;  // the thread's flagged slots below kept
+  for (int base = 0; base < length; base += kPlanRound) {
+    const int first = base + warp * 32 * kPlanSlotsPerThread + lane;
+    int32_t rows[kPlanSlotsPerThread];
+    bool flags[kPlanSlotsPerThread];
+    load_round(first, rows, flags);
+    uint32_t ballots[kPlanSlotsPerThread];
+    int in_warp = 0;
+#pragma unroll
+    for (int i = 0; i < kPlanSlotsPerThread; ++i) {
+      ballots[i] = __ballot_sync(0xffffffffu, flags[i]);
+      in_warp += __popc(ballots[i]);
+    }
+    if (lane == 0) warp_counts[warp] = in_warp;
     __syncthreads();
     int rank = k;
     for (int w = 0; w < kPlanWarps; ++w) {
-      rank += w < warp ? warp_flagged[w] : 0;
-      k += warp_flagged[w];
+      rank += w < warp ? warp_counts[w] : 0;
+      k += warp_counts[w];
     }
 #pragma unroll
     for (int i = 0; i < kPlanSlotsPerThread; ++i) {
-      if ((ballots[i] >> lane) & 1u) {
-        const int r = rank + __popc(ballots[i] & lanes_below);
-        move_dst[r] = rows[i];
-        move_src[r] = first + i * 32;
+      const int slot = first + i * 32;
+      const int r = rank + __popc(ballots[i] & lanes_below);
+      if (flags[i] && slot < kept) {
+        hole_rows[r] = rows[i];
+        ++holes;
+      } else if (!flags[i] && slot >= kept && slot < length) {
+        kept_rows[slot - r] = rows[i];
       }
       rank += __popc(ballots[i]);
     }
-    __syncthreads();  // warp_flagged is reused; the ranked slots are complete
+    __syncthreads();  // warp_counts is reused
   }
-  const int kept = length - k;
-
-  // holes = the number of flagged slots below kept: a search of the ascending F by the first warp,
-  // 32 probes a step.
-  if (warp == 0) {
-    int lo = 0;  // F_r < kept for r < lo; F_r >= kept for r >= hi
-    int hi = k;
-    while (lo < hi) {
-      const int step = (hi - lo + 31) / 32;
-      const int probe = lo + lane * step;
-      const int below = __popc(__ballot_sync(0xffffffffu, probe < hi && move_src[probe] < kept));
-      if (below == 0) {
-        hi = lo;
-      } else {
-        hi = min(hi, lo + below * step);
-        lo += (below - 1) * step + 1;
-      }
-    }
-    if (lane == 0) holes = lo;
-  }
-  __syncthreads();
-  const int num_holes = holes;
-  // [k]: tail offset t (slot kept + t) links to offset link[t].
-  int32_t* const link = k <= kPlanSharedLinks ? shared_links : move_dst + num_holes;
-#pragma unroll 4
-  for (int t = threadIdx.x; t < k; t += kPlanThreads) link[t] = t;
-  __syncthreads();
-  for (int r = num_holes + threadIdx.x; r < k; r += kPlanThreads) link[move_src[r] - kept] = r;
-  __syncthreads();
-
-  // Pointer jumping: each round replaces every link by its link's link, so a chain of length c is
-  // resolved in log2(c) rounds. Loads and stores of a round's chunk are apart by barriers: a link
-  // a later chunk reads may be updated already, which is only further along its own chain.
-  for (bool moved = k > 0; moved;) {
-    bool changed = false;
-    for (int base = 0; base < k; base += kPlanRound) {
-      int32_t next[kPlanSlotsPerThread];
-      int32_t after[kPlanSlotsPerThread];
-#pragma unroll
-      for (int i = 0; i < kPlanSlotsPerThread; ++i) {
-        const int t = base + i * kPlanThreads + threadIdx.x;
-        next[i] = t < k ? link[t] : t;
-      }
-#pragma unroll
-      for (int i = 0; i < kPlanSlotsPerThread; ++i) {
-        const int t = base + i * kPlanThreads + threadIdx.x;
-        after[i] = next[i] != t ? link[next[i]] : next[i];
-      }
-      __syncthreads();
-#pragma unroll
-      for (int i = 0; i < kPlanSlotsPerThread; ++i) {
-        const int t = base + i * kPlanThreads + threadIdx.x;
-        if (after[i] != next[i]) {
-          link[t] = after[i];
-          changed = true;
-        }
-      }
-      __syncthreads();
-    }
-    moved = __syncthreads_or(changed);
-  }
-
-  for (int base = 0; base < num_holes; base += kPlanRound) {
-    int32_t survivor[kPlanSlotsPerThread];
-#pragma unroll
-    for (int i = 0; i < kPlanSlotsPerThread; ++i) {
-      const int r = base + i * kPlanThreads + threadIdx.x;
-      survivor[i] = r < num_holes ? kept + link[r] : 0;
-    }
-#pragma unroll
-    for (int i = 0; i < kPlanSlotsPerThread; ++i) {
-      const int r = base + i * kPlanThreads + threadIdx.x;
-      if (r < num_holes) {
-        move_src[r] = static_cast<int32_t>(pool_row(table, survivor[i], p.page_size));
-      }
-    }
-  }
+  holes = plan_sum(holes, warp_counts);
   if (threadIdx.x == 0) {
-    p.move_counts[segment] = num_holes;
+    p.move_counts[segment] = holes;
+    p.survivor_starts[segment] = kept - holes;
     p.lengths[segment] = kept;
   }
 }
@@ -220,12 +184,15 @@ constexpr int kCopyThreads = 256;
 constexpr int kMovesInFlight = 4;
 
 // A warp per move (a lane per 16-byte chunk of the K row, then of the V row; head_dim <= 128).
-// Each warp reads 32 consecutive entries of the move list at once and broadcasts them;
+// Each warp reads 32 consecutive holes and their survivors at once and broadcasts them;
 // kMovesInFlight rows are loaded before any is stored.
 __global__ void __launch_bounds__(kCopyThreads) copy_moves_kernel(const CompactLaunch p) {
+  wait_for_prior_grid();
   const int segment = blockIdx.x;
   const int moves = p.move_counts[segment];
   const int64_t scratch = static_cast<int64_t>(p.page_offsets[segment]) * p.page_size;
+  const int32_t* const hole_rows = p.hole_rows + scratch;
+  const int32_t* const survivor_rows = p.kept_rows + scratch + p.survivor_starts[segment];
   const int warps = kCopyThreads / 32;
   const int lane = threadIdx.x % 32;
   const int chunks = p.head_dim / 8;  // 16-byte chunks per row
@@ -235,8 +202,8 @@ __global__ void __launch_bounds__(kCopyThreads) copy_moves_kernel(const CompactL
   const int stride = gridDim.y * warps * 32;
   for (int batch = (blockIdx.y * warps + threadIdx.x / 32) * 32; batch < moves; batch += stride) {
     const int count = min(32, moves - batch);
-    const int32_t lane_dst = lane < count ? p.move_dst[scratch + batch + lane] : 0;
-    const int32_t lane_src = lane < count ? p.move_src[scratch + batch + lane] : 0;
+    const int32_t lane_dst = lane < count ? hole_rows[batch + lane] : 0;
+    const int32_t lane_src = lane < count ? survivor_rows[batch + lane] : 0;
     for (int first = 0; first < count; first += kMovesInFlight) {
       int64_t dst[kMovesInFlight];
       uint4 data[kMovesInFlight];
@@ -360,14 +327,10 @@ void launch_append_kv(const AppendLaunch& launch, cudaStream_t stream) {
 }
 
 void launch_compact_kv(const CompactLaunch& launch, cudaStream_t stream) {
-  constexpr int link_bytes = kPlanSharedLinks * sizeof(int32_t);
-  EKVA_CUDA_CHECK(cudaFuncSetAttribute(plan_compaction_kernel,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, link_bytes));
-  plan_compaction_kernel<<<launch.num_segments, kPlanThreads, link_bytes, stream>>>(launch);
+  plan_compaction_kernel<<<launch.num_segments, kPlanThreads, 0, stream>>>(launch);
   EKVA_CUDA_CHECK(cudaGetLastError());
-  const dim3 grid(launch.num_segments, launch.copy_blocks_per_segment);
-  copy_moves_kernel<<<grid, kCopyThreads, 0, stream>>>(launch);
-  EKVA_CUDA_CHECK(cudaGetLastError());
+  launch_overlapping(copy_moves_kernel, dim3(launch.num_segments, launch.copy_blocks_per_segment),
+                     kCopyThreads, 0, stream, launch);
 }
 
 void launch_select_evictions(const SelectLaunch& launch, cudaStream_t stream) {

@@ -1,6 +1,6 @@
 #pragma once
-// Device operations on the paged KV pool (paged_kv.h): append with RoPE, eviction by flags with
-// KvCache::evict's swap-remove semantics, and per-group top-k selection of what to evict. Page
+// Device operations on the paged KV pool (paged_kv.h): append with RoPE, eviction by flags in
+// KvCache::evict_flagged's order, and per-group top-k selection of what to evict. Page
 // allocation stays on the host: the host grows block tables before an append and releases the
 // pages past the new lengths after a compaction.
 #include <cuda_runtime_api.h>
@@ -29,13 +29,13 @@ struct KvAppend {
 // when kv.meta is set, and raises each segment's length to cover the written slots.
 void append_kv(const PagedKvLayer& kv, const KvAppend& append, cudaStream_t stream);
 
-// Scratch the compaction needs: two ints per pool row and one per segment. Each segment uses the
+// Scratch the compaction needs: two ints per pool row and two per segment. Each segment uses the
 // stretch of its block table's entries, so the tables must hold distinct pages of the pool.
 size_t compaction_workspace_bytes(int64_t pool_rows, int num_segments);
 
 // Evicts every slot whose pool-parallel flag is non-zero, leaving the pool, metadata and lengths
-// exactly as KvCache::evict leaves them when the flagged slots are evicted one at a time from the
-// highest slot down: the survivors past the new length fill the holes below it, in order.
+// exactly as KvCache::evict_flagged leaves them: the survivors past the new length fill the holes
+// below it, both in ascending order.
 void evict_flagged(const PagedKvLayer& kv, const uint8_t* evict_flags, int64_t pool_rows,
                    void* workspace, cudaStream_t stream);
 

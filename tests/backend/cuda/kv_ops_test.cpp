@@ -125,10 +125,10 @@ TEST_F(KvOpsTest, AppendAppliesRopeLikeCpu) {
   }
 }
 
-TEST_F(KvOpsTest, EvictFlaggedMatchesKvCacheEvict) {
+TEST_F(KvOpsTest, EvictFlaggedMatchesKvCacheEvictFlagged) {
   const bool small = testing::small_sizes();
   // Page sizes below, at and above a warp's 32 slots; segments longer than one round of the plan
-  // (8192 slots), and flag densities that make long chains through the tail (90%) or few moves.
+  // (8192 slots), and flag densities that leave few survivors (90%) or make few moves (5%).
   for (int page_size : {16, 5, 48}) {
     SCOPED_TRACE(::testing::Message() << "page_size " << page_size);
     std::mt19937 rng(100 + page_size);
@@ -149,15 +149,15 @@ TEST_F(KvOpsTest, EvictFlaggedMatchesKvCacheEvict) {
         const int segment = s * num_kv_heads + h;
         std::bernoulli_distribution evict(segment == 3 ? 0.9 : segment == 4 ? 0.05 : 0.4);
         HeadTable& t = cache.table(s, 0, h);
-        std::vector<int> chosen;
+        std::vector<uint8_t> table_flags(t.size(), 0);
         for (int slot = 0; slot < t.size(); ++slot) {
           if (segment == 1 || evict(rng)) {
             flags[static_cast<size_t>(t.pages[slot / page_size]) * page_size + slot % page_size] =
                 1;
-            chosen.push_back(slot);
+            table_flags[slot] = 1;
           }
         }
-        for (auto it = chosen.rbegin(); it != chosen.rend(); ++it) cache.evict(s, 0, h, *it);
+        cache.evict_flagged(s, 0, h, table_flags);
       }
     }
     DeviceBuffer<uint8_t> flags_d{std::span<const uint8_t>(flags)};
