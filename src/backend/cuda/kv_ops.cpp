@@ -84,8 +84,10 @@ void evict_flagged(const PagedKvLayer& kv, const uint8_t* evict_flags, int64_t p
   launch.num_segments = kv.num_segments();
   launch.head_dim = kv.head_dim;
   launch.page_size = kv.page_size;
-  // Enough copying CTAs for about eight per multiprocessor, whatever the number of segments.
-  launch.copy_blocks_per_segment = std::max(1, 8 * num_sms / kv.num_segments());
+  // About 32 copying CTAs per multiprocessor, whatever the number of segments: with half the slots
+  // evicted a warp then copies about one batch of moves, and the hardware's scheduling of many
+  // short CTAs balances the segments better than fewer, longer ones (8 per SM: 4% slower).
+  launch.copy_blocks_per_segment = std::max(1, 32 * num_sms / kv.num_segments());
   launch_compact_kv(launch, stream);
 }
 
