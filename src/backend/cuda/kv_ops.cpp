@@ -86,7 +86,7 @@ void evict_flagged(const PagedKvLayer& kv, const uint8_t* evict_flags, int64_t p
   launch.page_size = kv.page_size;
   // About 32 copying CTAs per multiprocessor, whatever the number of segments: with half the slots
   // evicted a warp then copies about one batch of moves, and the hardware's scheduling of many
-  // short CTAs balances the segments better than fewer, longer ones (8 per SM: 4% slower).
+  // short CTAs balances the segments better than fewer, longer ones (8 per SM: 2-3% slower).
   launch.copy_blocks_per_segment = std::max(1, 32 * num_sms / kv.num_segments());
   launch_compact_kv(launch, stream);
 }
