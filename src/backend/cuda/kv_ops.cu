@@ -118,14 +118,15 @@ __global__ void __launch_bounds__(kPlanThreads, 2) plan_compaction_kernel(const 
   };
 
   // The count needs no order: a page per thread, its flags four at a time where the page size
-  // lets them start 4-byte aligned, so it costs far fewer instructions than the ranked pass below
-  // (the plan is bound by instruction issue, not by memory).
+  // and the flags' address let them start 4-byte aligned, so it costs far fewer instructions than
+  // the ranked pass below (the plan is bound by instruction issue, not by memory).
   int flagged = 0;
   const int pages = (length + p.page_size - 1) / p.page_size;
+  const bool words = p.page_size % 4 == 0 && reinterpret_cast<uintptr_t>(p.evict_flags) % 4 == 0;
   for (int j = threadIdx.x; j < pages; j += kPlanThreads) {
     const uint8_t* const page_flags = p.evict_flags + static_cast<int64_t>(table[j]) * p.page_size;
     const int in_page = min(p.page_size, length - j * p.page_size);
-    if (p.page_size % 4 == 0) {
+    if (words) {
       for (int b = 0; b < in_page; b += 4) {
         uint32_t word = *reinterpret_cast<const uint32_t*>(page_flags + b);
         if (in_page - b < 4) word &= (1u << (8 * (in_page - b))) - 1u;  // slots past the length

@@ -160,10 +160,14 @@ TEST_F(KvOpsTest, EvictFlaggedMatchesKvCacheEvictFlagged) {
         cache.evict_flagged(s, 0, h, table_flags);
       }
     }
+    // The flags need not be 4-byte aligned: at page_size 48 they start one byte into the buffer.
+    const size_t flag_offset = page_size == 48 ? 1 : 0;
+    flags.insert(flags.begin(), flag_offset, 0);
     DeviceBuffer<uint8_t> flags_d{std::span<const uint8_t>(flags)};
     DeviceBuffer<uint8_t> workspace(
         compaction_workspace_bytes(kv.pool_rows(), kv.view().num_segments()));
-    evict_flagged(kv.view(), flags_d.data(), kv.pool_rows(), workspace.data(), nullptr);
+    evict_flagged(kv.view(), flags_d.data() + flag_offset, kv.pool_rows(), workspace.data(),
+                  nullptr);
     EKVA_CUDA_CHECK(cudaDeviceSynchronize());
 
     const std::vector<uint16_t> pool = kv.pool().download();
