@@ -78,10 +78,9 @@ struct CompactLaunch {
   int32_t* lengths;
   const uint8_t* evict_flags;  // pool-parallel
   // Scratch of one entry per pool row; segment s's stretch starts at page_offsets[s] * page_size.
-  int32_t* hole_rows;        // pool row of the rank-r flagged slot, for the holes
-  int32_t* kept_rows;        // pool row of the rank-u unflagged slot, for those past the new length
-  int32_t* move_counts;      // [num_segments]: holes
-  int32_t* survivor_starts;  // [num_segments]: rank u of hole 0's survivor
+  int32_t* hole_rows;    // pool row of the rank-r flagged slot, for the holes
+  int32_t* kept_rows;    // pool row of the rank-u unflagged slot, for those past the new length
+  int32_t* move_counts;  // [num_segments]: holes
   int num_segments;
   int head_dim;
   int page_size;

@@ -50,7 +50,7 @@ void append_kv(const PagedKvLayer& kv, const KvAppend& append, cudaStream_t stre
 
 size_t compaction_workspace_bytes(int64_t pool_rows, int num_segments) {
   return 2 * align_up(static_cast<size_t>(pool_rows) * sizeof(int32_t)) +
-         2 * align_up(static_cast<size_t>(num_segments) * sizeof(int32_t));
+         align_up(static_cast<size_t>(num_segments) * sizeof(int32_t));
 }
 
 void evict_flagged(const PagedKvLayer& kv, const uint8_t* evict_flags, int64_t pool_rows,
@@ -76,11 +76,9 @@ void evict_flagged(const PagedKvLayer& kv, const uint8_t* evict_flags, int64_t p
   launch.page_offsets = kv.page_offsets;
   launch.lengths = kv.lengths;
   launch.evict_flags = evict_flags;
-  const size_t segments_bytes = align_up(static_cast<size_t>(kv.num_segments()) * sizeof(int32_t));
   launch.hole_rows = reinterpret_cast<int32_t*>(base);
   launch.kept_rows = reinterpret_cast<int32_t*>(base + rows_bytes);
   launch.move_counts = reinterpret_cast<int32_t*>(base + 2 * rows_bytes);
-  launch.survivor_starts = reinterpret_cast<int32_t*>(base + 2 * rows_bytes + segments_bytes);
   launch.num_segments = kv.num_segments();
   launch.head_dim = kv.head_dim;
   launch.page_size = kv.page_size;

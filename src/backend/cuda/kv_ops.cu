@@ -176,7 +176,6 @@ __global__ void __launch_bounds__(kPlanThreads, 2) plan_compaction_kernel(const 
   holes = plan_sum(holes, warp_counts);
   if (threadIdx.x == 0) {
     p.move_counts[segment] = holes;
-    p.survivor_starts[segment] = kept - holes;
     p.lengths[segment] = kept;
   }
 }
@@ -193,7 +192,9 @@ __global__ void __launch_bounds__(kCopyThreads) copy_moves_kernel(const CompactL
   const int moves = p.move_counts[segment];
   const int64_t scratch = static_cast<int64_t>(p.page_offsets[segment]) * p.page_size;
   const int32_t* const hole_rows = p.hole_rows + scratch;
-  const int32_t* const survivor_rows = p.kept_rows + scratch + p.survivor_starts[segment];
+  // The plan left the new length, kept, in lengths: hole r's survivor has unflagged rank
+  // kept - holes + r.
+  const int32_t* const survivor_rows = p.kept_rows + scratch + (p.lengths[segment] - moves);
   const int warps = kCopyThreads / 32;
   const int lane = threadIdx.x % 32;
   const int chunks = p.head_dim / 8;  // 16-byte chunks per row

@@ -29,7 +29,7 @@ struct KvAppend {
 // when kv.meta is set, and raises each segment's length to cover the written slots.
 void append_kv(const PagedKvLayer& kv, const KvAppend& append, cudaStream_t stream);
 
-// Scratch the compaction needs: two ints per pool row and two per segment. Each segment uses the
+// Scratch the compaction needs: two ints per pool row and one per segment. Each segment uses the
 // stretch of its block table's entries, so the tables must hold distinct pages of the pool.
 size_t compaction_workspace_bytes(int64_t pool_rows, int num_segments);
 
