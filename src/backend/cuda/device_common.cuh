@@ -31,6 +31,19 @@ __device__ __forceinline__ void wait_for_prior_grid() {
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 }
 
+// Adds 1 to a counter other CTAs also count on and returns its old value; acquire and release at
+// GPU scope. After a CTA barrier, one thread's call publishes what the whole CTA wrote before the
+// barrier and, by the next barrier, makes visible to the CTA what the CTAs counted before it wrote
+// (the release and acquire are cumulative), so no thread needs a fence of its own.
+__device__ __forceinline__ int count_in(int* counter) {
+  int old;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;\n"
+               : "=r"(old)
+               : "l"(counter)
+               : "memory");
+  return old;
+}
+
 // Launches `kernel` with programmatic stream serialization, so that it may start while the kernel
 // before it finishes (it calls wait_for_prior_grid before touching what that kernel touches).
 template <typename Launch>
