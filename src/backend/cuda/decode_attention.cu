@@ -54,7 +54,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
   // are padded by 8 floats so that the quads of the group's heads hit distinct banks.
   constexpr int kMergeRow = D + 8;
   __shared__ float warp_max[kDecodeWarps][G];
-  __shared__ float merged_o[G * kMergeRow];
+  __shared__ __align__(16) float merged_o[G * kMergeRow];
   __shared__ float2 merged_ml[G];
   __shared__ int merges_segment;
   const uint32_t smem_base = (shared_address(smem) + 127) & ~127u;
@@ -168,11 +168,13 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
     if (piece + 1 < piece_end) next_info = p.pieces[piece + 1];
   };
 
-  // Normalised output row element e (head e / D, dim e % D) of segment `segment`.
-  const auto write_out = [&](int segment, int e, float value) {
+  // Normalised output elements 4c..4c+3 (head 4c / D) of segment `segment`, in one store.
+  const auto write_out = [&](int segment, int c, float4 value) {
     const int seq = segment / p.num_kv_heads;
     const int kv_head = segment - seq * p.num_kv_heads;
-    p.out[(static_cast<int64_t>(seq) * p.num_q_heads + kv_head * G) * D + e] = to_bf16_bits(value);
+    const uint2 packed = make_uint2(pack_bf16(value.x, value.y), pack_bf16(value.z, value.w));
+    reinterpret_cast<uint2*>(p.out + (static_cast<int64_t>(seq) * p.num_q_heads + kv_head * G) *
+                                         D)[c] = packed;
   };
 
   const auto end_piece = [&]() {
@@ -213,15 +215,23 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
     const int segment = info.x;
     const int first = segment_first;
     const int count = segment_count;
+    constexpr int kColumns = G * D / 4;  // 4-float columns of the group's output
+    const auto merged_column = [&](int c) {
+      const int head = c * 4 / D;
+      return *reinterpret_cast<const float4*>(merged_o + head * kMergeRow + (c * 4 - head * D));
+    };
     if (count == 1 && p.scores == nullptr) {
-      for (int e = threadIdx.x; e < G * D; e += kThreads) {
-        const float2 ml = merged_ml[e / D];
-        write_out(segment, e, ml.y > 0.0f ? merged_o[(e / D) * kMergeRow + e % D] / ml.y : 0.0f);
+      for (int c = threadIdx.x; c < kColumns; c += kThreads) {
+        const float l = merged_ml[c * 4 / D].y;
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        const float4 v = merged_column(c);
+        write_out(segment, c, make_float4(v.x * inv, v.y * inv, v.z * inv, v.w * inv));
       }
       return;
     }
-    for (int e = threadIdx.x; e < G * D; e += kThreads) {
-      p.partial_o[static_cast<int64_t>(piece) * G * D + e] = merged_o[(e / D) * kMergeRow + e % D];
+    for (int c = threadIdx.x; c < kColumns; c += kThreads) {
+      reinterpret_cast<float4*>(p.partial_o + static_cast<int64_t>(piece) * G * D)[c] =
+          merged_column(c);
     }
     if (threadIdx.x < G) p.partial_ml[piece * G + threadIdx.x] = merged_ml[threadIdx.x];
     if (p.scores != nullptr) return;  // the reduction kernel merges
@@ -237,7 +247,6 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
     // Other CTAs wrote the partials during this launch: read them from L2, never from L1. A
     // thread per 4-float column of the group's output loads kBatch pieces before using any, then
     // folds them into its running maximum, sum and column.
-    constexpr int kColumns = G * D / 4;
     constexpr int kBatch = 16;
     for (int c = threadIdx.x; c < kColumns; c += kThreads) {
       const int head = c * 4 / D;
@@ -280,10 +289,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
         m = top;
       }
       const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-      write_out(segment, c * 4, acc.x * inv);
-      write_out(segment, c * 4 + 1, acc.y * inv);
-      write_out(segment, c * 4 + 2, acc.z * inv);
-      write_out(segment, c * 4 + 3, acc.w * inv);
+      write_out(segment, c, make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv));
     }
     if (threadIdx.x == 0) p.segment_counters[segment] = 0;
   };
