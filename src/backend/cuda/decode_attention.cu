@@ -56,7 +56,6 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
   __shared__ float warp_max[kDecodeWarps][G];
   __shared__ __align__(16) float merged_o[G * kMergeRow];
   __shared__ float2 merged_ml[G];
-  __shared__ int merges_segment;
   const uint32_t smem_base = (shared_address(smem) + 127) & ~127u;
 
   // The next kernel may start on the multiprocessors this grid frees; it waits for this one to
@@ -72,9 +71,6 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
   const int row_g = lane / 4;  // fragment row: the query head of the group
   const int quad = lane % 4;
   const int ps = p.page_size;
-  // K/V are read once per step: they should not push out of L2 what is read again (block tables,
-  // partials, the other layers' queries).
-  const uint64_t stream_policy = evict_first_policy();
   // Loader: the cursor names the tile after the one whose page ids are held in registers. The ids
   // of a tile are fetched one issue ahead, so their latency hides behind a tile of compute.
   // Each warp copies its own 16 rows of every tile, so a warp waits for its data alone (no CTA
@@ -114,6 +110,9 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
 
   const auto issue_tile = [&](int stage) {
     if (held) {
+      // K/V are read once per step: they should not push out of L2 what is read again (block
+      // tables, partials, the other layers' queries).
+      const uint64_t stream_policy = evict_first_policy();
       const uint32_t k_dst = smem_base + stage * 2 * Cfg::kTileElems * 2;
       const uint32_t v_dst = k_dst + Cfg::kTileElems * 2;
 #pragma unroll
@@ -241,9 +240,8 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
     // it and the other CTAs' partials before the merge (128 fences in its place cost 0.3 us at
     // B = 1, L = 16k).
     __syncthreads();
-    if (threadIdx.x == 0) merges_segment = count_in(p.segment_counters + segment) == count - 1;
-    __syncthreads();
-    if (!merges_segment) return;
+    const bool last = threadIdx.x == 0 && count_in(p.segment_counters + segment) == count - 1;
+    if (!__syncthreads_or(last)) return;
     // Other CTAs wrote the partials during this launch: read them from L2, never from L1. A
     // thread per 4-float column of the group's output loads kBatch pieces before using any, then
     // folds them into its running maximum, sum and column.
