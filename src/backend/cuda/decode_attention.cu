@@ -244,7 +244,8 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
     if (!__syncthreads_or(last)) return;
     // Other CTAs wrote the partials during this launch: read them from L2, never from L1. A
     // thread per 4-float column of the group's output loads kBatch pieces before using any, then
-    // folds them into its running maximum, sum and column.
+    // folds them into its running maximum, sum and column. The merge stays here, in the loop: moved
+    // after it, ptxas 13.0 miscompiles the K/V copies (tools/check_ldgsts_registers.py).
     constexpr int kBatch = 16;
     for (int c = threadIdx.x; c < kColumns; c += kThreads) {
       const int head = c * 4 / D;
