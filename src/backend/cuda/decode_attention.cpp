@@ -25,6 +25,15 @@ size_t align_up(size_t bytes) {
   return (bytes + 255) / 256 * 256;
 }
 
+// The kernels read q as bf16 pairs, write out as bf16 quads, and read the workspace's schedule
+// and partials as 16-byte vectors.
+void check_aligned(const void* p, size_t bytes, const char* what) {
+  if (reinterpret_cast<uintptr_t>(p) % bytes != 0) {
+    fail(ErrorKind::kInvalidArgument, "CUDA decode attention: {} must be {}-byte aligned (got {})",
+         what, bytes, fmt::ptr(p));
+  }
+}
+
 }  // namespace
 
 void fail_unsupported_decode_shape(int head_dim, int group) {
@@ -163,6 +172,7 @@ void DecodeAttentionPlan::upload(void* workspace, cudaStream_t stream) const {
   if (workspace == nullptr) {
     fail(ErrorKind::kInvalidArgument, "CUDA decode attention: upload needs a workspace");
   }
+  check_aligned(workspace, 16, "the workspace");
   EKVA_CUDA_CHECK(cudaMemcpyAsync(workspace, schedule_.data(), schedule_.size() * sizeof(int32_t),
                                   cudaMemcpyHostToDevice, stream));
   const size_t num_segments = static_cast<size_t>(shape_.num_sequences) * shape_.num_kv_heads;
@@ -185,6 +195,9 @@ void DecodeAttentionPlan::run(const PagedKvLayer& kv, const uint16_t* q, uint16_
     fail(ErrorKind::kInvalidArgument,
          "CUDA decode attention: pool, block tables, q, out and workspace must be set");
   }
+  check_aligned(q, 4, "q");
+  check_aligned(out, 8, "out");
+  check_aligned(workspace, 16, "the workspace");
   if (shape_.with_scores != (scores != nullptr)) {
     fail(ErrorKind::kInvalidArgument,
          "CUDA decode attention: scores must be given exactly when the plan has with_scores");

@@ -169,6 +169,42 @@ TEST_F(DecodeAttentionTest, FusedScoresMatchReferenceWeights) {
   run_case({3, 4, 1, 64, 8, 100, 0, 1.0f, true}, 43);
 }
 
+TEST_F(DecodeAttentionTest, RejectsMisalignedBuffers) {
+  const std::vector<int32_t> lengths = {5, 7};
+  std::mt19937 rng(51);
+  KvCache cache(testing::kv_spec(2, 128, 4), 1, 16);
+  testing::fill_cache(cache, lengths, rng);
+  DeviceKvLayer kv(cache, 0);
+  const DecodeAttentionPlan plan({1, 8, 2, 128, 16, false}, lengths);
+  DeviceBuffer<uint8_t> workspace(plan.workspace_bytes() + 16);
+  DeviceBuffer<uint16_t> q(8 * 128 + 4), out(8 * 128 + 4);
+  EKVA_CUDA_CHECK(cudaMemset(q.data(), 0, q.size() * sizeof(uint16_t)));
+  const auto expect_rejected = [](const auto& call, const std::string& what) {
+    try {
+      call();
+      ADD_FAILURE() << "expected ekva::Error for " << what;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  expect_rejected([&] { plan.upload(workspace.data() + 8, nullptr); },
+                  "the workspace must be 16-byte aligned");
+  plan.upload(workspace.data(), nullptr);
+  expect_rejected(
+      [&] { plan.run(kv.view(), q.data() + 1, out.data(), nullptr, workspace.data(), nullptr); },
+      "q must be 4-byte aligned");
+  expect_rejected(
+      [&] { plan.run(kv.view(), q.data(), out.data() + 2, nullptr, workspace.data(), nullptr); },
+      "out must be 8-byte aligned");
+  expect_rejected(
+      [&] { plan.run(kv.view(), q.data(), out.data(), nullptr, workspace.data() + 8, nullptr); },
+      "the workspace must be 16-byte aligned");
+  // Offsets that keep the alignment run.
+  plan.run(kv.view(), q.data() + 2, out.data() + 4, nullptr, workspace.data(), nullptr);
+  EKVA_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
 // Host-side checks: these run without a GPU too.
 TEST(DecodeAttentionPlanTest, RejectsUnsupportedShapes) {
   EXPECT_TRUE(DecodeAttentionPlan::can_implement({4, 32, 8, 128, 16, false}));
