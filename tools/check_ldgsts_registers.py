@@ -36,10 +36,18 @@ def unwritten_copy_registers(function_sass):
 
 
 def main():
+    if len(sys.argv) < 2:
+        sys.exit("usage: check_ldgsts_registers.py BINARY [BINARY ...]")
     failed = False
     for path in sys.argv[1:]:
-        sass = subprocess.run(["cuobjdump", "-sass", path], capture_output=True, text=True,
-                              check=True).stdout
+        try:
+            dump = subprocess.run(["cuobjdump", "-sass", path], capture_output=True, text=True)
+        except FileNotFoundError:
+            sys.exit("check_ldgsts_registers.py: cuobjdump not found (it comes with the CUDA toolkit)")
+        if dump.returncode != 0:
+            sys.exit("check_ldgsts_registers.py: cuobjdump could not read %s: %s"
+                     % (path, dump.stderr.strip()))
+        sass = dump.stdout
         faults = []
         for function in re.split(r"\n\s*Function : ", sass)[1:]:
             name = function.split("\n", 1)[0]

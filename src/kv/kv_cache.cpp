@@ -82,6 +82,12 @@ float* KvCache::row(HeadTable& t, int slot, bool value) {
   return base + static_cast<size_t>(slot % page_size()) * head_dim();
 }
 
+void KvCache::move_slot(HeadTable& t, int to, int from) {
+  std::memcpy(row(t, to, false), row(t, from, false), head_dim() * sizeof(float));
+  std::memcpy(row(t, to, true), row(t, from, true), head_dim() * sizeof(float));
+  t.meta[to] = t.meta[from];
+}
+
 int KvCache::append(int seq, int layer, int kv_head, const float* key, const float* value,
                     TokenMeta meta) {
   HeadTable& t = table(seq, layer, kv_head);
@@ -100,11 +106,7 @@ void KvCache::evict(int seq, int layer, int kv_head, int slot) {
          t.size());
   }
   const int last = t.size() - 1;
-  if (slot != last) {
-    std::memcpy(row(t, slot, false), row(t, last, false), head_dim() * sizeof(float));
-    std::memcpy(row(t, slot, true), row(t, last, true), head_dim() * sizeof(float));
-    t.meta[slot] = t.meta[last];
-  }
+  if (slot != last) move_slot(t, slot, last);
   t.meta.pop_back();
   if (last % page_size() == 0) {
     pool_.release(t.pages.back());
@@ -124,10 +126,7 @@ void KvCache::evict_flagged(int seq, int layer, int kv_head, const std::vector<u
   for (int hole = 0; hole < kept; ++hole) {
     if (flags[hole] == 0) continue;
     while (flags[survivor] != 0) ++survivor;
-    std::memcpy(row(t, hole, false), row(t, survivor, false), head_dim() * sizeof(float));
-    std::memcpy(row(t, hole, true), row(t, survivor, true), head_dim() * sizeof(float));
-    t.meta[hole] = t.meta[survivor];
-    ++survivor;
+    move_slot(t, hole, survivor++);
   }
   t.meta.resize(kept);
   const size_t pages = (static_cast<size_t>(kept) + page_size() - 1) / page_size();

@@ -113,6 +113,8 @@ class KvCache {
     return (static_cast<size_t>(seq) * num_layers_ + layer) * num_kv_heads_ + kv_head;
   }
   float* row(HeadTable& t, int slot, bool value);
+  // Copies slot `from`'s key, value and metadata into slot `to`.
+  void move_slot(HeadTable& t, int to, int from);
 
   int num_sequences_;
   int num_layers_;

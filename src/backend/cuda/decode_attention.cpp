@@ -50,12 +50,19 @@ DecodeSchedule make_decode_schedule(std::span<const int32_t> lengths, int64_t gr
     fail(ErrorKind::kInvalidArgument, "CUDA decode attention: a grid of {} CTAs", grid_ctas);
   }
   int64_t total_tiles = 0;
+  int64_t total_slots = 0;
   for (size_t s = 0; s < lengths.size(); ++s) {
     if (lengths[s] < 0) {
       fail(ErrorKind::kInvalidArgument, "CUDA decode attention: segment {} has length {}", s,
            lengths[s]);
     }
     total_tiles += tiles_of(lengths[s]);
+    total_slots += lengths[s];
+  }
+  if (total_slots > std::numeric_limits<int32_t>::max()) {
+    fail(ErrorKind::kInvalidArgument,
+         "CUDA decode attention: {} retained slots in one layer exceed the 32-bit schedule",
+         total_slots);
   }
   const int64_t quota = std::max(kMinTilesPerCta, (total_tiles + grid_ctas - 1) / grid_ctas);
 
@@ -121,19 +128,6 @@ DecodeAttentionPlan::DecodeAttentionPlan(const DecodeAttentionShape& shape,
          "CUDA decode attention: {} lengths given for {} sequences x {} KV heads", lengths.size(),
          shape.num_sequences, shape.num_kv_heads);
   }
-  for (size_t s = 0; s < lengths.size(); ++s) {
-    if (lengths[s] < 0) {
-      fail(ErrorKind::kInvalidArgument, "CUDA decode attention: segment {} has length {}", s,
-           lengths[s]);
-    }
-    total_tokens_ += lengths[s];
-  }
-  if (total_tokens_ > std::numeric_limits<int32_t>::max()) {
-    fail(ErrorKind::kInvalidArgument,
-         "CUDA decode attention: {} retained slots in one layer exceed the 32-bit schedule",
-         total_tokens_);
-  }
-
   int device = 0;
   int num_sms = 0;
   EKVA_CUDA_CHECK(cudaGetDevice(&device));
@@ -143,6 +137,7 @@ DecodeAttentionPlan::DecodeAttentionPlan(const DecodeAttentionShape& shape,
 
   const DecodeSchedule schedule =
       make_decode_schedule(lengths, static_cast<int64_t>(num_sms) * ctas_per_sm);
+  total_tokens_ = schedule.segment_token_offsets.back();
   num_pieces_ = schedule.num_pieces();
   num_ctas_ = schedule.num_ctas();
   schedule_ = schedule.pieces;

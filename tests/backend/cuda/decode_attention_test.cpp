@@ -296,6 +296,9 @@ TEST(DecodeAttentionPlanTest, ScheduleCoversEverySlotWithEqualTilesPerCta) {
   }
   EXPECT_THROW(make_decode_schedule(std::vector<int32_t>{10}, 0), Error);
   EXPECT_THROW(make_decode_schedule(std::vector<int32_t>{10, -1}, 4), Error);
+  // The pieces and the logits scratch count slots in 32 bits.
+  EXPECT_THROW(
+      make_decode_schedule(std::vector<int32_t>{std::numeric_limits<int32_t>::max(), 1}, 4), Error);
 }
 
 TEST(DecodeAttentionPlanTest, DispatchThrowsOnUnsupportedValues) {
