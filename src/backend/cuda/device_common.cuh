@@ -20,6 +20,13 @@ __device__ __forceinline__ uint64_t evict_first_policy() {
   return policy;
 }
 
+// Starts reading [src, src + bytes) from DRAM into L2 without waiting for it (src and bytes
+// multiples of 16). L2 is where all multiprocessors' writes meet, so a line prefetched before
+// another kernel writes it is never read stale.
+__device__ __forceinline__ void prefetch_l2(const void* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
+}
+
 // Programmatic dependent launch. A kernel launched with programmatic stream serialization may
 // start while the kernel before it in the stream is still running, once every CTA of that kernel
 // has allowed it (or exited); it must wait before it reads or writes anything that kernel touches.
