@@ -34,6 +34,42 @@ void check_aligned(const void* p, size_t bytes, const char* what) {
   }
 }
 
+// Greedy: CTAs filled in order up to `quota` tiles, a piece that follows another in the same CTA
+// costing DecodeSchedule::kPieceEndTiles more.
+DecodeSchedule schedule_with_quota(std::span<const int32_t> lengths, int64_t quota) {
+  DecodeSchedule schedule;
+  schedule.quota_tiles = quota;
+  schedule.cta_piece_offsets = {0};
+  schedule.segment_piece_offsets = {0};
+  schedule.segment_token_offsets = {0};
+  std::vector<int32_t>& pieces = schedule.pieces;
+  int64_t filled = 0;
+  for (int s = 0; s < static_cast<int>(lengths.size()); ++s) {
+    if (lengths[s] == 0) pieces.insert(pieces.end(), {s, 0, 0, 0});
+    int64_t start = 0;
+    while (start < lengths[s]) {
+      // A full CTA is closed only when slots remain, so empty segments after it join it.
+      int64_t cost = filled > 0 ? DecodeSchedule::kPieceEndTiles : 0;
+      if (filled + cost >= quota) {
+        schedule.cta_piece_offsets.push_back(schedule.num_pieces());
+        filled = 0;
+        cost = 0;
+      }
+      const int64_t take = std::min(tiles_of(lengths[s] - start), quota - filled - cost);
+      const int64_t end = std::min<int64_t>(lengths[s], start + take * kDecodeTileTokens);
+      pieces.insert(pieces.end(), {s, static_cast<int32_t>(start), static_cast<int32_t>(end), 0});
+      start = end;
+      filled += cost + take;
+    }
+    schedule.segment_piece_offsets.push_back(schedule.num_pieces());
+    schedule.segment_token_offsets.push_back(schedule.segment_token_offsets.back() + lengths[s]);
+  }
+  if (schedule.num_pieces() > schedule.cta_piece_offsets.back()) {
+    schedule.cta_piece_offsets.push_back(schedule.num_pieces());
+  }
+  return schedule;
+}
+
 }  // namespace
 
 void fail_unsupported_decode_shape(int head_dim, int group) {
@@ -64,36 +100,25 @@ DecodeSchedule make_decode_schedule(std::span<const int32_t> lengths, int64_t gr
          "CUDA decode attention: {} retained slots in one layer exceed the 32-bit schedule",
          total_slots);
   }
-  const int64_t quota = std::max(kMinTilesPerCta, (total_tiles + grid_ctas - 1) / grid_ctas);
-
-  DecodeSchedule schedule;
-  schedule.cta_piece_offsets = {0};
-  schedule.segment_piece_offsets = {0};
-  schedule.segment_token_offsets = {0};
-  std::vector<int32_t>& pieces = schedule.pieces;
-  int64_t filled = 0;
-  for (int s = 0; s < static_cast<int>(lengths.size()); ++s) {
-    if (lengths[s] == 0) pieces.insert(pieces.end(), {s, 0, 0, 0});
-    int64_t start = 0;
-    while (start < lengths[s]) {
-      // A full CTA is closed only when slots remain, so empty segments after it join it.
-      if (filled == quota) {
-        schedule.cta_piece_offsets.push_back(schedule.num_pieces());
-        filled = 0;
-      }
-      const int64_t take = std::min(tiles_of(lengths[s] - start), quota - filled);
-      const int64_t end = std::min<int64_t>(lengths[s], start + take * kDecodeTileTokens);
-      pieces.insert(pieces.end(), {s, static_cast<int32_t>(start), static_cast<int32_t>(end), 0});
-      start = end;
-      filled += take;
+  // The smallest quota whose schedule fits the grid, by bisection between the even share, which
+  // may not fit once piece ends are charged, and a quota that holds everything in one CTA.
+  int64_t low = std::max(kMinTilesPerCta, (total_tiles + grid_ctas - 1) / grid_ctas);
+  DecodeSchedule schedule = schedule_with_quota(lengths, low);
+  if (schedule.num_ctas() <= grid_ctas) return schedule;
+  int64_t high =
+      total_tiles + DecodeSchedule::kPieceEndTiles * static_cast<int64_t>(lengths.size());
+  DecodeSchedule fitting = schedule_with_quota(lengths, high);
+  while (high - low > 1) {
+    const int64_t mid = low + (high - low) / 2;
+    schedule = schedule_with_quota(lengths, mid);
+    if (schedule.num_ctas() <= grid_ctas) {
+      high = mid;
+      fitting = std::move(schedule);
+    } else {
+      low = mid;
     }
-    schedule.segment_piece_offsets.push_back(schedule.num_pieces());
-    schedule.segment_token_offsets.push_back(schedule.segment_token_offsets.back() + lengths[s]);
   }
-  if (schedule.num_pieces() > schedule.cta_piece_offsets.back()) {
-    schedule.cta_piece_offsets.push_back(schedule.num_pieces());
-  }
-  return schedule;
+  return fitting;
 }
 
 std::string DecodeAttentionPlan::unsupported_reason(const DecodeAttentionShape& shape) {

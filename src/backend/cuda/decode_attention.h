@@ -5,7 +5,7 @@
 // ekva::cpu::attention does.
 //
 // Plan/run split, as FlashInfer: the plan turns the host's lengths into a balanced schedule (each
-// CTA of a persistent grid gets the same number of 64-slot tiles, cut across segments: split-K that
+// CTA of a persistent grid gets the same work in 64-slot tiles, cut across segments: split-K that
 // fills the GPU for one long sequence and for many short ones alike); upload() copies that schedule
 // into the caller's workspace; run() launches the attention kernel, which also merges the splits
 // (with per-slot scores, a second kernel merges them).
@@ -29,11 +29,19 @@ struct DecodeAttentionShape {
   bool with_scores = false;  // also write each slot's attention weight summed over its group
 };
 
-// How a layer's slots are cut into pieces for a persistent grid of grid_ctas CTAs: every CTA gets
-// the same number of 64-slot tiles (the last one fewer), cut across segments; a segment's pieces
-// are consecutive and tile-aligned within it, and an empty segment has one piece of no slots (so
-// that its output is written too). Host-only, so that it is testable without a GPU.
+// How a layer's slots are cut into pieces for a persistent grid of at most grid_ctas CTAs: CTAs
+// are filled in order with 64-slot tiles up to the same cost, cut across segments; a segment's
+// pieces are consecutive and tile-aligned within it, and an empty segment has one piece of no
+// slots (so that its output is written too). Host-only, so that it is testable without a GPU.
 struct DecodeSchedule {
+  // What a piece that follows another in the same CTA costs on top of its tiles. Its start waits
+  // for the end of the piece before it (partial, count, next query), which under full load took
+  // 3-4 us, as long as about two tiles take a CTA; uncharged, those CTAs finished last (ragged
+  // B = 1, L = 4k 1.29x the uniform time; charging 1, 2, 3, 4 tiles: 1.04, 1.04, 1.04, and at
+  // B = 8, L = 4k 1.06, 1.06, 1.04, 1.04).
+  static constexpr int64_t kPieceEndTiles = 3;
+  // The largest cost (tiles plus piece ends) of a CTA: the smallest that fits the grid.
+  int64_t quota_tiles = 0;
   std::vector<int32_t> pieces;  // 4 per piece: segment, first slot, end slot, 0
   // CTA c runs pieces [cta_piece_offsets[c], cta_piece_offsets[c + 1]); segment s has pieces
   // [segment_piece_offsets[s], segment_piece_offsets[s + 1]); segment_token_offsets are the
