@@ -20,9 +20,10 @@ namespace ekva::cuda {
 namespace {
 
 constexpr int kThreads = kDecodeWarps * 32;
-// Tiles of each CTA prefetched into L2 before the kernel before has finished: at B = 1, L = 16k
-// one gained 0.55 us, two 0.75, three 0.5, eight lost 1.2 (they compete with that kernel's tail).
-constexpr int kPrefetchTiles = 2;
+// Tiles of each CTA prefetched into L2 before the kernel before has finished. Per call, with 0, 1
+// and 2 (one run, inputs rotated as in the full benchmark): B = 1, L = 4k 11.77, 11.65, 11.94 us;
+// B = 1, L = 16k 23.8-23.9, 23.41-23.48, 23.48-23.56; B = 8, L = 4k 38.5, 37.6-37.7, 37.55.
+constexpr int kPrefetchTiles = 1;
 
 // Shared-memory layout of the K/V tiles. Measured on the H200 (Nsight Compute, L2-to-SM bytes of
 // the copies): a 32-byte pool sector copied to a 32-byte-aligned shared-memory address is fetched
@@ -300,10 +301,9 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
   // before this one has finished: it may be writing q and the pool (the appended token), or
   // reading this plan's partials and counters (the previous run).
   fetch_ids();
-  // The first tiles' pages start on their way from DRAM into L2 while the kernel before finishes
-  // (at B = 1, L = 16k the 2.5 us of its merge tail leave DRAM idle; 0.75 us less a call). L2 is
-  // where every write meets, so what that kernel writes is never read stale; at worst a line is
-  // fetched twice.
+  // The first tile's pages start on their way from DRAM into L2 while the kernel before finishes
+  // (at B = 1, L = 16k the 2.5 us of its merge tail leave DRAM idle). L2 is where every write
+  // meets, so what that kernel writes is never read stale; at worst a line is fetched twice.
   {
     int4 ahead = cta_start;
     int tiles_left = kPrefetchTiles;

@@ -36,9 +36,10 @@ struct DecodeAttentionShape {
 struct DecodeSchedule {
   // What a piece that follows another in the same CTA costs on top of its tiles. Its start waits
   // for the end of the piece before it (partial, count, next query), which under full load took
-  // 3-4 us, as long as about two tiles take a CTA; uncharged, those CTAs finished last. Ragged over
-  // uniform time when charging 0, 1, 2, 3, 4 tiles: B = 1, L = 16k 1.16, 1.10, 1.05, 1.05, 1.06;
-  // B = 8, L = 4k 1.11, 1.06, 1.06, 1.04, 1.04.
+  // 3-4 us, as long as about two tiles take a CTA; uncharged, those CTAs finished last. Ragged
+  // over uniform time, charging 0 and 3 tiles (one run, inputs rotated as in the full benchmark):
+  // B = 1, L = 4k 1.32, 1.09; B = 1, L = 16k 1.16, 1.03; B = 8, L = 4k 1.11, 1.04; B = 64, L = 4k
+  // 1.03, 1.01. Charging 1, 2, 4 or 5 was no better (measured with inputs not rotated).
   static constexpr int64_t kPieceEndTiles = 3;
   // The largest cost (tiles plus piece ends) of a CTA: the smallest that fits the grid.
   int64_t quota_tiles = 0;
