@@ -25,8 +25,8 @@ size_t align_up(size_t bytes) {
   return (bytes + 255) / 256 * 256;
 }
 
-// The kernels read q as bf16 pairs, write out as bf16 quads, and read the workspace's schedule
-// and partials as 16-byte vectors.
+// The kernels copy and prefetch the pool in 16-byte units, read q as bf16 pairs, write out as bf16
+// quads, and read the workspace's schedule and partials as 16-byte vectors.
 void check_aligned(const void* p, size_t bytes, const char* what) {
   if (reinterpret_cast<uintptr_t>(p) % bytes != 0) {
     fail(ErrorKind::kInvalidArgument, "CUDA decode attention: {} must be {}-byte aligned (got {})",
@@ -215,6 +215,7 @@ void DecodeAttentionPlan::run(const PagedKvLayer& kv, const uint16_t* q, uint16_
     fail(ErrorKind::kInvalidArgument,
          "CUDA decode attention: pool, block tables, q, out and workspace must be set");
   }
+  check_aligned(kv.pool, 16, "the pool");
   check_aligned(q, 4, "q");
   check_aligned(out, 8, "out");
   check_aligned(workspace, 16, "the workspace");

@@ -73,9 +73,9 @@ class DecodeAttentionPlan {
   // once per plan and workspace, as runs leave the counters at zero.
   void upload(void* workspace, cudaStream_t stream) const;
   // q and out: [num_sequences, num_q_heads, head_dim] bf16, q 4-byte and out 8-byte aligned; the
-  // workspace 16-byte aligned. scores: null, or (with_scores) a pool-parallel float array that
-  // receives, for every retained slot, the attention weight summed over the query heads of its KV
-  // head.
+  // pool and the workspace 16-byte aligned. scores: null, or (with_scores) a pool-parallel float
+  // array that receives, for every retained slot, the attention weight summed over the query heads
+  // of its KV head.
   void run(const PagedKvLayer& kv, const uint16_t* q, uint16_t* out, float* scores, void* workspace,
            cudaStream_t stream) const;
 

@@ -200,6 +200,11 @@ TEST_F(DecodeAttentionTest, RejectsMisalignedBuffers) {
   expect_rejected(
       [&] { plan.run(kv.view(), q.data(), out.data(), nullptr, workspace.data() + 8, nullptr); },
       "the workspace must be 16-byte aligned");
+  PagedKvLayer shifted = kv.view();
+  shifted.pool += 4;  // 8 bytes
+  expect_rejected(
+      [&] { plan.run(shifted, q.data(), out.data(), nullptr, workspace.data(), nullptr); },
+      "the pool must be 16-byte aligned");
   // Offsets that keep the alignment run.
   plan.run(kv.view(), q.data() + 2, out.data() + 4, nullptr, workspace.data(), nullptr);
   EKVA_CUDA_CHECK(cudaDeviceSynchronize());
