@@ -41,7 +41,7 @@ struct DecodeSchedule {
   // B = 1, L = 4k 1.32, 1.09; B = 1, L = 16k 1.16, 1.03; B = 8, L = 4k 1.11, 1.04; B = 64, L = 4k
   // 1.03, 1.01. Charging 1, 2, 4 or 5 was no better (measured with inputs not rotated).
   static constexpr int64_t kPieceEndTiles = 3;
-  // The largest cost (tiles plus piece ends) of a CTA: the smallest that fits the grid.
+  // The cost (tiles plus piece ends) no CTA exceeds: the smallest whose schedule fits the grid.
   int64_t quota_tiles = 0;
   std::vector<int32_t> pieces;  // 4 per piece: segment, first slot, end slot, 0
   // CTA c runs pieces [cta_piece_offsets[c], cta_piece_offsets[c + 1]); segment s has pieces
