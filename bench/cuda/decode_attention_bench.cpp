@@ -256,29 +256,38 @@ std::vector<int32_t> ragged_lengths(int segments, int length, std::mt19937& rng)
 int run(int argc, char** argv) {
   std::string out_path = "decode_attention_bench.json";
   bool quick = false;
-  int only_batch = 0;  // --only B L: one attention configuration (for profilers), nothing else
+  bool only = false;  // --only B L: one attention configuration (for profilers), nothing else
+  int only_batch = 0;
   int only_context = 0;
   bool compaction_only = false;  // --compaction: the compaction at B = 32, L = 16k, nothing else
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--out") == 0 && i + 1 < argc) out_path = argv[++i];
     if (std::strcmp(argv[i], "--quick") == 0) quick = true;
     if (std::strcmp(argv[i], "--compaction") == 0) compaction_only = true;
-    if (std::strcmp(argv[i], "--only") == 0 && i + 2 < argc) {
-      only_batch = std::atoi(argv[++i]);
-      only_context = std::atoi(argv[++i]);
+    if (std::strcmp(argv[i], "--only") == 0) {
+      only = true;
+      if (i + 2 < argc) {
+        only_batch = std::atoi(argv[++i]);
+        only_context = std::atoi(argv[++i]);
+      }
     }
+  }
+  if (only && (only_batch < 1 || only_context < 1)) {
+    std::fprintf(stderr, "error: --only needs a batch and a context of at least 1 (got %d %d)\n",
+                 only_batch, only_context);
+    return 2;
   }
   cudaStream_t stream;
   EKVA_CUDA_CHECK(cudaStreamCreate(&stream));
   cudaDeviceProp prop;
   EKVA_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
 
-  if (only_batch > 0 || compaction_only) {
+  if (only || compaction_only) {
     // One configuration (for profilers and quick comparisons): a pool big enough for it and for
     // as many rotated replicas as the full run uses, so that times compare (with one replica,
     // lines left in L2 by the call before made B = 1, L = 16k look 0.4-0.8 us faster).
-    const int batch = only_batch > 0 ? only_batch : 32;
-    const int context = only_batch > 0 ? only_context : 16384;
+    const int batch = only ? only_batch : 32;
+    const int context = only ? only_context : 16384;
     const int64_t pages = static_cast<int64_t>(batch) * context * kNumKvHeads / kPageSize;
     const double kv_bytes =
         static_cast<double>(pages) * kPageSize * 2 * kHeadDim * sizeof(uint16_t);

@@ -107,18 +107,15 @@ DecodeSchedule make_decode_schedule(std::span<const int32_t> lengths, int64_t gr
   if (schedule.num_ctas() <= grid_ctas) return schedule;
   int64_t high =
       total_tiles + DecodeSchedule::kPieceEndTiles * static_cast<int64_t>(lengths.size());
-  DecodeSchedule fitting = schedule_with_quota(lengths, high);
   while (high - low > 1) {
     const int64_t mid = low + (high - low) / 2;
-    schedule = schedule_with_quota(lengths, mid);
-    if (schedule.num_ctas() <= grid_ctas) {
+    if (schedule_with_quota(lengths, mid).num_ctas() <= grid_ctas) {
       high = mid;
-      fitting = std::move(schedule);
     } else {
       low = mid;
     }
   }
-  return fitting;
+  return schedule_with_quota(lengths, high);
 }
 
 std::string DecodeAttentionPlan::unsupported_reason(const DecodeAttentionShape& shape) {
