@@ -177,7 +177,7 @@ DecodeAttentionPlan::DecodeAttentionPlan(const DecodeAttentionShape& shape,
   const size_t partials = static_cast<size_t>(num_pieces_) * group;
   counters_offset_ = align_up(schedule_.size() * sizeof(int32_t));
   partial_o_offset_ = counters_offset_ + align_up(num_segments * sizeof(int32_t));
-  partial_ml_offset_ = partial_o_offset_ + align_up(partials * shape.head_dim * sizeof(float));
+  partial_ml_offset_ = partial_o_offset_ + align_up(partials * shape.head_dim * sizeof(uint16_t));
   logits_offset_ = partial_ml_offset_ + align_up(partials * sizeof(float2));
   workspace_bytes_ =
       logits_offset_ + (shape.with_scores
@@ -234,7 +234,7 @@ void DecodeAttentionPlan::run(const PagedKvLayer& kv, const uint16_t* q, uint16_
   launch.cta_starts = launch.pieces + num_pieces_;
   launch.segment_piece_offsets = schedule + 4 * (num_pieces_ + num_ctas_ + 1);
   launch.segment_token_offsets = launch.segment_piece_offsets + num_segments + 1;
-  launch.partial_o = reinterpret_cast<float*>(base + partial_o_offset_);
+  launch.partial_o = reinterpret_cast<uint16_t*>(base + partial_o_offset_);
   launch.partial_ml = reinterpret_cast<float2*>(base + partial_ml_offset_);
   launch.logits = shape_.with_scores ? reinterpret_cast<float*>(base + logits_offset_) : nullptr;
   launch.segment_counters = reinterpret_cast<int32_t*>(base + counters_offset_);

@@ -5,6 +5,9 @@
 // their own online-softmax state and merge it in shared memory at the end of a piece. A segment
 // of one piece is written out at once; otherwise the CTA that finishes the last of a segment's
 // pieces merges their partials (a per-segment counter in the workspace says which CTA that is).
+// Partials are stored as FlashInfer stores them, bf16 rows divided by their sums beside fp32
+// maxima and sums: the merging CTA reads every partial of its segment alone, so their bytes are
+// on the critical path of a call.
 // With per-slot scores a second kernel merges instead: their weights need the whole segment's
 // maximum before any slot is scored.
 #include <cuda_bf16.h>
@@ -219,22 +222,25 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
     const int first = segment_first;
     const int count = segment_count;
     constexpr int kColumns = G * D / 4;  // 4-float columns of the group's output
-    const auto merged_column = [&](int c) {
+    // Column c of the CTA's output for this piece, normalised by its sum.
+    const auto normalised_column = [&](int c) {
       const int head = c * 4 / D;
-      return *reinterpret_cast<const float4*>(merged_o + head * kMergeRow + (c * 4 - head * D));
+      const float l = merged_ml[head].y;
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      const float4 v =
+          *reinterpret_cast<const float4*>(merged_o + head * kMergeRow + (c * 4 - head * D));
+      return make_float4(v.x * inv, v.y * inv, v.z * inv, v.w * inv);
     };
     if (count == 1 && p.scores == nullptr) {
       for (int c = threadIdx.x; c < kColumns; c += kThreads) {
-        const float l = merged_ml[c * 4 / D].y;
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        const float4 v = merged_column(c);
-        write_out(segment, c, make_float4(v.x * inv, v.y * inv, v.z * inv, v.w * inv));
+        write_out(segment, c, normalised_column(c));
       }
       return;
     }
     for (int c = threadIdx.x; c < kColumns; c += kThreads) {
-      reinterpret_cast<float4*>(p.partial_o + static_cast<int64_t>(piece) * G * D)[c] =
-          merged_column(c);
+      const float4 v = normalised_column(c);
+      reinterpret_cast<uint2*>(p.partial_o + static_cast<int64_t>(piece) * G * D)[c] =
+          make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
     }
     if (threadIdx.x < G) p.partial_ml[piece * G + threadIdx.x] = merged_ml[threadIdx.x];
     if (p.scores != nullptr) return;  // the reduction kernel merges
@@ -248,51 +254,78 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
     if (!__syncthreads_or(last)) return;
     // Other CTAs wrote the partials during this launch: read them from L2, never from L1. A
     // thread per 4-float column of the group's output loads kBatch pieces before using any, then
-    // folds them into its running maximum, sum and column. The merge stays here, in the loop: moved
-    // after it, ptxas 13.0 miscompiles the K/V copies (tools/check_ldgsts_registers.py).
-    constexpr int kBatch = 16;
-    for (int c = threadIdx.x; c < kColumns; c += kThreads) {
+    // folds them into its running maximum, sum and column. The lanes whose columns share a head
+    // load that head's maxima and sums once between them and pass each piece's weight round by
+    // shuffles, so a round's registers go to the columns: 32 pieces (a segment of B = 1, L = 16k)
+    // in one round. The merge stays here, in the loop: moved after it, ptxas 13.0 miscompiles the
+    // K/V copies (tools/check_ldgsts_registers.py).
+    constexpr int kBatch = 32;
+    constexpr int kHeadLanes = D / 4 < 32 ? D / 4 : 32;  // aligned lanes of a warp, one head
+    constexpr int kOwnPieces = kBatch / kHeadLanes;      // maxima and sums each lane loads
+    static_assert(kBatch % kHeadLanes == 0, "each piece's weight comes from one lane");
+    const int head_lane0 = lane & ~(kHeadLanes - 1);
+    const int head_rank = lane - head_lane0;
+    for (int c0 = 0; c0 < kColumns && c0 + warp * 32 < kColumns; c0 += kThreads) {
+      // Lanes past the last column (fewer than 32 columns) make up whole heads of their own.
+      const int c = c0 + threadIdx.x;
+      const bool valid = c < kColumns;
       const int head = c * 4 / D;
       float m = -INFINITY;
       float l = 0.0f;
       float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       for (int j0 = first; j0 < first + count; j0 += kBatch) {
-        float2 ml[kBatch];
-        float4 v[kBatch];
+        float2 own[kOwnPieces];
+        uint2 v[kBatch];
+#pragma unroll
+        for (int t = 0; t < kOwnPieces; ++t) {
+          const int j = j0 + t * kHeadLanes + head_rank;
+          own[t] = valid && j < first + count ? __ldcg(&p.partial_ml[j * G + head])
+                                              : make_float2(-INFINITY, 0.0f);
+        }
 #pragma unroll
         for (int i = 0; i < kBatch; ++i) {
           const int j = j0 + i;
-          ml[i] = make_float2(-INFINITY, 0.0f);
-          v[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-          if (j < first + count) {
-            ml[i] = __ldcg(&p.partial_ml[j * G + head]);
-            v[i] = __ldcg(
-                reinterpret_cast<const float4*>(p.partial_o + static_cast<int64_t>(j) * G * D) + c);
-          }
+          v[i] = valid && j < first + count
+                     ? __ldcg(reinterpret_cast<const uint2*>(p.partial_o +
+                                                             static_cast<int64_t>(j) * G * D) +
+                              c)
+                     : make_uint2(0u, 0u);
         }
         float top = m;
 #pragma unroll
-        for (int i = 0; i < kBatch; ++i) top = fmaxf(top, ml[i].x);
-        if (top == -INFINITY) continue;  // nothing seen yet
-        const float rescale = exp2f(m - top);
+        for (int t = 0; t < kOwnPieces; ++t) top = fmaxf(top, own[t].x);
+#pragma unroll
+        for (int o = kHeadLanes / 2; o > 0; o /= 2) {
+          top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, o));
+        }
+        const float ref = top == -INFINITY ? 0.0f : top;  // nothing seen yet: no NaN
+        const float rescale = exp2f(m - ref);
         l *= rescale;
         acc.x *= rescale;
         acc.y *= rescale;
         acc.z *= rescale;
         acc.w *= rescale;
+        float own_weight[kOwnPieces];
+#pragma unroll
+        for (int t = 0; t < kOwnPieces; ++t) own_weight[t] = exp2f(own[t].x - ref) * own[t].y;
 #pragma unroll
         for (int i = 0; i < kBatch; ++i) {
-          const float weight = exp2f(ml[i].x - top);
-          l += weight * ml[i].y;
-          acc.x += weight * v[i].x;
-          acc.y += weight * v[i].y;
-          acc.z += weight * v[i].z;
-          acc.w += weight * v[i].w;
+          const float weight =
+              __shfl_sync(0xffffffffu, own_weight[i / kHeadLanes], head_lane0 + i % kHeadLanes);
+          const float2 lo = unpack_bf16(v[i].x);
+          const float2 hi = unpack_bf16(v[i].y);
+          l += weight;
+          acc.x += weight * lo.x;
+          acc.y += weight * lo.y;
+          acc.z += weight * hi.x;
+          acc.w += weight * hi.y;
         }
         m = top;
       }
       const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-      write_out(segment, c, make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv));
+      if (valid) {
+        write_out(segment, c, make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv));
+      }
     }
     if (threadIdx.x == 0) p.segment_counters[segment] = 0;
   };
@@ -473,9 +506,12 @@ __global__ void __launch_bounds__(kReduceWarps * 32) decode_reduce_kernel(const 
 #pragma unroll 4
     for (int j = first + warp; j < last; j += kReduceWarps) {
       const int64_t index = static_cast<int64_t>(j) * G + head;
-      const float weight = exp2f(p.partial_ml[index].x - m);
+      const float2 ml = p.partial_ml[index];
+      const float weight = exp2f(ml.x - m) * ml.y;
 #pragma unroll
-      for (int i = 0; i < D / 32; ++i) acc[i] += weight * p.partial_o[index * D + i * 32 + lane];
+      for (int i = 0; i < D / 32; ++i) {
+        acc[i] += weight * bf16_bits_to_float(p.partial_o[index * D + i * 32 + lane]);
+      }
     }
   }
 #pragma unroll

@@ -114,6 +114,15 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// A bf16 as its float (exact: bf16 is the top half of a float).
+__device__ __forceinline__ float bf16_bits_to_float(uint16_t x) {
+  return __uint_as_float(static_cast<uint32_t>(x) << 16);
+}
+// A bf16 pair as written by pack_bf16.
+__device__ __forceinline__ float2 unpack_bf16(uint32_t pair) {
+  return make_float2(__uint_as_float(pair << 16), __uint_as_float(pair & 0xffff0000u));
+}
+
 __device__ __forceinline__ uint16_t to_bf16_bits(float x) {
   const __nv_bfloat16 v = __float2bfloat16_rn(x);
   return *reinterpret_cast<const uint16_t*>(&v);

@@ -30,7 +30,9 @@ struct DecodeLaunch {
   const int4* cta_starts;  // [num_ctas + 1]
   const int32_t* segment_piece_offsets;
   const int32_t* segment_token_offsets;
-  float* partial_o;    // [pieces * group, head_dim], unnormalised
+  // [pieces * group, head_dim], bf16, each row divided by its sum. Half the bytes of float
+  // partials, which the merging CTA reads alone at the end of the call.
+  uint16_t* partial_o;
   float2* partial_ml;  // [pieces * group]: running max (log2 units), sum
   float* logits;       // [total tokens, group] in log2 units, or null
   // [segments], zero between runs: pieces of each segment finished so far (runs without scores).

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "backend/cpu/ops.h"
@@ -97,7 +98,7 @@ void run_case(const Case& c, uint32_t seed) {
   EKVA_CUDA_CHECK(cudaDeviceSynchronize());
   const std::vector<uint16_t> got = out.download();
 
-  double err2 = 0.0, ref2 = 0.0, max_ref = 0.0;
+  double err2 = 0.0, ref2 = 0.0, max_ref = 0.0, max_err = 0.0;
   for (float x : expected) max_ref = std::max(max_ref, std::abs(static_cast<double>(x)));
   for (size_t i = 0; i < got.size(); ++i) {
     const double g = bf16_to_f32(got[i]);
@@ -107,8 +108,15 @@ void run_case(const Case& c, uint32_t seed) {
         << "element " << i << ": got " << g << ", CPU " << expected[i];
     err2 += diff * diff;
     ref2 += static_cast<double>(expected[i]) * expected[i];
+    max_err = std::max(max_err, std::abs(diff));
   }
-  EXPECT_LT(std::sqrt(err2 / std::max(ref2, 1e-30)), 1e-2);
+  const double rel_rms = std::sqrt(err2 / std::max(ref2, 1e-30));
+  EXPECT_LT(rel_rms, 1e-2);
+  // In the XML report (--gtest_output=xml:FILE), so that kernel versions compare in precision.
+  const std::string key = "seed_" + std::to_string(seed);
+  ::testing::Test::RecordProperty(key + "_rel_rms_error", std::to_string(rel_rms));
+  ::testing::Test::RecordProperty(key + "_max_error_over_max",
+                                  std::to_string(max_err / std::max(max_ref, 1e-30)));
 
   if (c.with_scores) {
     const std::vector<float> got_scores = scores.download();
