@@ -7,6 +7,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/ops.h"
@@ -168,6 +169,20 @@ TEST_F(DecodeAttentionTest, LongContext) {
 TEST_F(DecodeAttentionTest, FullBatchOfShortSequences) {
   const bool small = testing::small_sizes();
   run_case({small ? 8 : 64, 2, 4, 128, 16, small ? 20 : 300, 0, 1.0f, false}, 31);
+}
+
+// One segment split into more pieces than a merge round takes (32 in registers, then up to 32
+// staged in shared memory, then registers again): at 2 tiles a CTA on an H200, 4224, 8192 and 12000
+// slots make 33, 64 and 94 pieces.
+TEST_F(DecodeAttentionTest, SegmentOfManyPiecesMatchesCpu) {
+  uint32_t seed = 51;
+  for (int length : {4224, 8192, 12000}) {
+    for (const auto& [group, head_dim] : {std::pair{4, 128}, {8, 64}, {2, 64}, {1, 32}}) {
+      SCOPED_TRACE(::testing::Message()
+                   << "length " << length << " group " << group << " head_dim " << head_dim);
+      run_case({1, 1, group, head_dim, 16, 1, length, 1.0f, false}, seed++);
+    }
+  }
 }
 
 TEST_F(DecodeAttentionTest, FusedScoresMatchReferenceWeights) {
