@@ -171,9 +171,8 @@ TEST_F(DecodeAttentionTest, FullBatchOfShortSequences) {
   run_case({small ? 8 : 64, 2, 4, 128, 16, small ? 20 : 300, 0, 1.0f, false}, 31);
 }
 
-// One segment split into more pieces than a merge round takes (32 in registers, then up to 32
-// staged in shared memory, then registers again): at 2 tiles a CTA on an H200, 4224, 8192 and 12000
-// slots make 33, 64 and 94 pieces.
+// One segment split into more pieces than a merge round takes (32): at 2 tiles a CTA on an H200,
+// 4224, 8192 and 12000 slots make 33, 64 and 94 pieces, merged in two, two and three rounds.
 TEST_F(DecodeAttentionTest, SegmentOfManyPiecesMatchesCpu) {
   uint32_t seed = 51;
   for (int length : {4224, 8192, 12000}) {
