@@ -208,7 +208,10 @@ std::vector<TaskScore> evaluate_tasks(const Model& model, const Tokenizer& token
         const int hits = static_cast<int>(std::count(correct[p].begin(), correct[p].end(), 1));
         s.score = s.quality = static_cast<double>(hits) / options.samples;
         s.interval = wilson_interval(hits, options.samples);
+        s.sample_values.assign(correct[p].begin(), correct[p].end());
       } else {
+        s.sample_values = nll[p];
+        s.sample_tokens = scored[p];
         const PerplexityEstimate e = perplexity_of(nll[p], scored[p]);
         s.score = e.perplexity;
         s.quality = 1.0 / e.perplexity;

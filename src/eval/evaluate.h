@@ -67,6 +67,11 @@ struct TaskScore {
   double kv_bytes;       // K/V bytes in use at the end, mean over samples
   double kv_bytes_full;  // what a full cache holds for the same tokens, mean over samples
   double kv_fraction;    // kv_bytes / kv_bytes_full, mean over samples
+  // Per sample in instance (window) order, so that policies can be compared pairwise: 1 or 0,
+  // answered or not (tasks); the summed NLL of the window's scored tokens (ppl), whose count is in
+  // sample_tokens (empty for tasks).
+  std::vector<double> sample_values = {};
+  std::vector<int> sample_tokens = {};
 };
 
 // One score per (task, policy), in the order of options.tasks then options.policies.
