@@ -1,13 +1,13 @@
 #include <fmt/core.h>
 
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "budget/allocator.h"
 #include "budget/calibration.h"
 #include "cli/commands.h"
 #include "core/error.h"
+#include "io/atomic_file.h"
+#include "io/json_file.h"
 #include "tokenizer/tokenizer.h"
 
 namespace ekva::cli {
@@ -29,31 +29,27 @@ std::vector<std::vector<int32_t>> chunks_of(const CalibrateArgs& a, const Tokeni
     fail(ErrorKind::kInvalidArgument, "--chunk {} must be in [2, {}] (the model's context)",
          a.chunk, max_position);
   }
+  if (a.tokens < a.chunk) {
+    fail(ErrorKind::kInvalidArgument, "--tokens {} is fewer than one --chunk of {}", a.tokens,
+         a.chunk);
+  }
   std::vector<int32_t> ids;
   for (const std::string& file : a.data) {
-    std::ifstream in(file, std::ios::binary);
-    if (!in) fail(ErrorKind::kNotFound, "--data: cannot open {}", file);
-    std::stringstream text;
-    text << in.rdbuf();
-    const std::vector<int32_t> part = tokenizer.encode(text.str(), false);
+    const std::vector<int32_t> part =
+        encode_prefix(tokenizer, read_text_file(file), static_cast<size_t>(a.tokens) - ids.size());
     ids.insert(ids.end(), part.begin(), part.end());
     if (static_cast<int64_t>(ids.size()) >= a.tokens) break;
   }
-  std::vector<std::vector<int32_t>> chunks;
-  for (size_t i = 0;
-       i + a.chunk <= ids.size() && static_cast<int64_t>((chunks.size() + 1) * a.chunk) <= a.tokens;
-       i += a.chunk) {
-    chunks.emplace_back(ids.begin() + static_cast<ptrdiff_t>(i),
-                        ids.begin() + static_cast<ptrdiff_t>(i + a.chunk));
-  }
-  if (chunks.empty()) {
+  if (ids.size() < static_cast<size_t>(a.chunk)) {
     fail(ErrorKind::kInvalidArgument, "--data holds {} tokens, fewer than one chunk of {}",
          ids.size(), a.chunk);
   }
+  const auto chunks = calibration_chunks(ids, a.chunk, a.tokens);
   return chunks;
 }
 
 int run_calibrate(const CalibrateArgs& a) {
+  check_output_file(a.out);
   const auto model = Model::load(a.model_dir);
   if (!has_tokenizer(a.model_dir)) {
     fail(ErrorKind::kNotFound, "{}: no tokenizer.json or tokenizer.model to read --data with",

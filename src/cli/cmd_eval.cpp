@@ -1,7 +1,6 @@
 #include <fmt/core.h>
 
 #include <chrono>
-#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
@@ -9,13 +8,11 @@
 #include "eval/evaluate.h"
 #include "eval/report.h"
 #include "eval/repository.h"
-#include "io/json_file.h"
+#include "io/atomic_file.h"
 #include "tokenizer/tokenizer.h"
 
 namespace ekva::cli {
 namespace {
-
-namespace fs = std::filesystem;
 
 struct EvalArgs {
   std::string model_dir;
@@ -28,7 +25,7 @@ struct EvalArgs {
   std::string mode = "aware";
   std::string heldout = "data/eval/heldout.txt";
   int ppl_tokens = 128;
-  std::string plan;
+  PolicyArgs kv;  // --plan, --window, --sinks; --policies and --budgets give the rest
   std::string out;
   bool json = false;
 };
@@ -43,6 +40,7 @@ std::string iso_cell(const IsoQualityRow& r) {
 
 int run_eval(const EvalArgs& a) {
   const auto start = std::chrono::steady_clock::now();
+  if (!a.out.empty()) check_output_directory(a.out);
   const auto model = Model::load(a.model_dir);
   const auto tokenizer = load_tokenizer(a.model_dir);
   TaskEvalOptions options;
@@ -52,15 +50,16 @@ int run_eval(const EvalArgs& a) {
     ppl = ppl || !options.tasks.back().kind;
   }
   // The full cache is the iso-quality reference: always run, once (every budget keeps it all).
-  PolicyArgs full;
+  PolicyArgs full = a.kv;
+  full.policy = "full";
+  full.plan.clear();
   options.policies.push_back(make_policy_options(full, model->spec()));
   for (const auto& name : a.policies) {
     if (name == "full") continue;
     for (double budget : a.budgets) {
-      PolicyArgs p;
+      PolicyArgs p = a.kv;
       p.policy = name;
-      p.kv_budget = budget;
-      p.plan = a.plan;
+      p.budget = budget;
       options.policies.push_back(make_policy_options(p, model->spec()));
     }
   }
@@ -87,20 +86,20 @@ int run_eval(const EvalArgs& a) {
                                  {"samples", a.samples},
                                  {"seed", a.seed},
                                  {"mode", a.mode},
-                                 {"plan", a.plan},
+                                 {"plan", a.kv.plan},
                                  {"ppl_tokens", a.ppl_tokens},
                                  {"wall_seconds", seconds},
                                  {"results", results},
                                  {"iso_quality", iso_quality_json(iso)}};
   if (!a.out.empty()) {
-    fs::create_directories(a.out);
-    write_text_file(fs::path(a.out) / "results.json", report.dump(2) + "\n");
-    write_text_file(fs::path(a.out) / "results.csv", results_csv(scores));
+    std::vector<std::pair<std::string, std::string>> files = {
+        {"results.json", report.dump(2) + "\n"}, {"results.csv", results_csv(scores)}};
     for (const auto& task : options.tasks) {
-      write_text_file(fs::path(a.out) / fmt::format("chart-{}.svg", task.name()),
-                      score_chart_svg(std::string(task.name()), scores));
+      files.emplace_back(fmt::format("chart-{}.svg", task.name()),
+                         score_chart_svg(std::string(task.name()), scores));
     }
-    if (!a.plan.empty()) write_text_file(fs::path(a.out) / "plan.json", file_text(a.plan));
+    if (!a.kv.plan.empty()) files.emplace_back("plan.json", file_text(a.kv.plan));
+    write_files_atomically(a.out, files);
   }
   if (a.json) {
     fmt::print("{}\n", report.dump());
@@ -155,7 +154,7 @@ void add_eval(CLI::App& app, Action& action) {
       ->capture_default_str();
   cmd->add_option("--ppl-tokens", a->ppl_tokens, "ppl: continuation tokens scored per window")
       ->capture_default_str();
-  cmd->add_option("--plan", a->plan, "BudgetPlan JSON for the ekva policies");
+  add_shared_policy_options(cmd, a->kv);
   cmd->add_option("--out", a->out,
                   "Directory for results.json, results.csv, chart-TASK.svg and plan.json");
   cmd->add_flag("--json", a->json, "Print one JSON object");

@@ -6,6 +6,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "io/json_file.h"
 #include "tokenizer/tokenizer.h"
 
 namespace ekva::cli {
@@ -16,19 +17,15 @@ std::string read_stdin() {
 }
 
 std::vector<int32_t> parse_id_array(const std::string& text) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    fail(ErrorKind::kInvalidArgument, "stdin: not valid JSON: {}", e.what());
-  }
+  const nlohmann::json j = parse_json(text, "stdin");
   if (!j.is_array()) fail(ErrorKind::kInvalidArgument, "stdin: expected a JSON array of ids");
   std::vector<int32_t> ids;
   ids.reserve(j.size());
   for (size_t i = 0; i < j.size(); ++i) {
     if (!j[i].is_number_integer() || j[i].get<int64_t>() < INT32_MIN ||
         j[i].get<int64_t>() > INT32_MAX) {
-      fail(ErrorKind::kInvalidArgument, "stdin: element {} ({}) is not a token id", i, j[i].dump());
+      fail(ErrorKind::kInvalidArgument, "stdin: element {} ({}) is not a token id", i,
+           json_excerpt(j[i]));
     }
     ids.push_back(static_cast<int32_t>(j[i].get<int64_t>()));
   }

@@ -37,7 +37,8 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version arrive as parse errors whose code is 0; every usage error exits 1.
+    return app.exit(e) == 0 ? 0 : 1;
   }
   try {
     return action();
@@ -46,6 +47,11 @@ int main(int argc, char** argv) {
     return 1;
   } catch (const std::bad_alloc&) {
     fmt::print(stderr, "ekva: error (out of memory)\n");
+    return 1;
+  } catch (const std::exception& e) {
+    // Library code converts what it can name; anything else (a std::filesystem error, say) still
+    // ends in a message and status 1, not an abort.
+    fmt::print(stderr, "ekva: error: {}\n", e.what());
     return 1;
   }
 }

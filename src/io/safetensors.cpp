@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <cstring>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "io/atomic_file.h"
+#include "io/json_file.h"
 
 namespace ekva {
 namespace {
@@ -48,12 +48,8 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : file_(path
     fail(ErrorKind::kInvalidFile, "{}: header length {} runs past the end of the file ({} bytes)",
          f, header_len, size);
   }
-  json header;
-  try {
-    header = json::parse(file_.data() + 8, file_.data() + 8 + header_len);
-  } catch (const json::exception& e) {
-    fail(ErrorKind::kInvalidFile, "{}: header is not valid JSON: {}", f, e.what());
-  }
+  const json header = parse_json(
+      std::string_view(reinterpret_cast<const char*>(file_.data()) + 8, header_len), f + " header");
   if (!header.is_object()) fail(ErrorKind::kInvalidFile, "{}: header is not a JSON object", f);
 
   const unsigned char* base = file_.data() + 8 + header_len;
@@ -109,9 +105,13 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : file_(path
            "{}: tensor '{}' data_offsets [{}, {}] out of range (data section is {} bytes)", f, name,
            begin, end, data_size);
     }
-    if (end - begin != numel * dtype_size(t.dtype)) {
+    // numel is below 2^62, so numel x dtype size can wrap around 2^64: compare by division.
+    const uint64_t element_bytes = dtype_size(t.dtype);
+    if ((end - begin) % element_bytes != 0 || (end - begin) / element_bytes != numel) {
       fail(ErrorKind::kInvalidFile, "{}: tensor '{}' has {} bytes but shape {} of {} needs {}", f,
-           name, end - begin, t.shape_string(), dtype_name(t.dtype), numel * dtype_size(t.dtype));
+           name, end - begin, t.shape_string(), dtype_name(t.dtype),
+           numel > data_size / element_bytes ? "more than the file holds"
+                                             : std::to_string(numel * element_bytes));
     }
     t.data = base + begin;
     t.bytes = end - begin;
@@ -138,14 +138,8 @@ const TensorView& SafetensorsFile::get(const std::string& name) const {
 TensorStore::TensorStore(const std::filesystem::path& model_dir) {
   const auto index = model_dir / "model.safetensors.index.json";
   const auto single = model_dir / "model.safetensors";
-  if (std::filesystem::exists(index)) {
-    std::ifstream in(index);
-    json j;
-    try {
-      j = json::parse(in);
-    } catch (const json::exception& e) {
-      fail(ErrorKind::kInvalidFile, "{}: not valid JSON: {}", index.string(), e.what());
-    }
+  if (path_exists(index)) {
+    const json j = read_json_file(index);
     if (!j.contains("weight_map") || !j["weight_map"].is_object()) {
       fail(ErrorKind::kInvalidFile, "{}: no weight_map object", index.string());
     }
@@ -171,7 +165,7 @@ TensorStore::TensorStore(const std::filesystem::path& model_dir) {
       }
       where_[tensor] = it->second;
     }
-  } else if (std::filesystem::exists(single)) {
+  } else if (path_exists(single)) {
     files_.push_back(std::make_unique<SafetensorsFile>(single));
     for (const auto& [name, t] : files_.back()->tensors()) where_[name] = files_.back().get();
   } else {

@@ -40,7 +40,7 @@ class FieldReader {
     if (!has(key)) fail(ErrorKind::kInvalidFile, "{}: missing field '{}'", where_, key);
     if (!j_[key].is_string())
       fail(ErrorKind::kInvalidFile, "{}: field '{}' must be a string, got {}", where_, key,
-           j_[key].dump());
+           json_excerpt(j_[key]));
     return j_[key].get<std::string>();
   }
   std::string string_or(const char* key, const std::string& fallback) const {
@@ -60,7 +60,7 @@ class FieldReader {
     const json& v = j_[key];
     if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() <= 0) {
       fail(ErrorKind::kInvalidFile, "{}: field '{}' must be a positive number, got {}", where_, key,
-           v.dump());
+           json_excerpt(v));
     }
     return v.get<double>();
   }
@@ -98,7 +98,7 @@ std::map<std::string, double> parse_operator_table(const FieldReader& r, const c
     }
     if (!value.is_number() || !(value.get<double>() >= min) || value.get<double>() > max) {
       fail(ErrorKind::kInvalidFile, "{}: '{}' is {}; expected a number in [{}, {}]", tw, name,
-           value.dump(), min, max);
+           json_excerpt(value), min, max);
     }
     table[name] = value.get<double>() * scale;
   }
@@ -215,7 +215,7 @@ HardwareSpec parse_hardware(const json& j, const std::string& source) {
     const json& v = r.raw("sm_count");
     if (!v.is_number_integer() || v.get<int64_t>() <= 0 || v.get<int64_t>() > 1000000) {
       fail(ErrorKind::kInvalidFile, "{}: field 'sm_count' must be a positive integer, got {}",
-           source, v.dump());
+           source, json_excerpt(v));
     }
     hw.sm_count = v.get<int>();
   }
@@ -232,7 +232,8 @@ HardwareSpec parse_hardware(const json& j, const std::string& source) {
     if (!refs.is_array()) fail(ErrorKind::kInvalidFile, "{}: 'references' must be a list", source);
     for (const json& ref : refs) {
       if (!ref.is_string())
-        fail(ErrorKind::kInvalidFile, "{}: 'references' holds a non-string {}", source, ref.dump());
+        fail(ErrorKind::kInvalidFile, "{}: 'references' holds a non-string {}", source,
+             json_excerpt(ref));
       hw.references.push_back(ref.get<std::string>());
     }
   }

@@ -25,7 +25,7 @@ int64_t integer_field(const json& e, const char* key, const std::string& where, 
   const json& v = e[key];
   if (!v.is_number_integer() || v.get<int64_t>() < min) {
     fail(ErrorKind::kInvalidFile, "{}: '{}' must be an integer >= {}, got {}", where, key, min,
-         v.dump());
+         json_excerpt(v));
   }
   return v.get<int64_t>();
 }
@@ -93,7 +93,7 @@ MeasuredTimes load_measured_times(const std::filesystem::path& path) {
       const json& v = e["kv_fraction"];
       if (!v.is_number() || !(v.get<double>() > 0) || v.get<double>() > 1) {
         fail(ErrorKind::kInvalidFile, "{}: 'kv_fraction' must be in (0, 1], got {}", where,
-             v.dump());
+             json_excerpt(v));
       }
       op.kv_fraction = v.get<double>();
     }

@@ -1,6 +1,7 @@
 #include "roofline/memory_model.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/error.h"
 
@@ -8,8 +9,10 @@ namespace ekva {
 
 MemoryUse memory_use(const ModelSpec& spec, const HardwareSpec& hw, const Workload& workload,
                      const StepCost& step, const MemoryOptions& options) {
-  if (options.workspace_bytes < 0 || options.capacity_bytes < 0) {
-    fail(ErrorKind::kInvalidArgument, "memory options must not be negative (workspace {}, cap {})",
+  const auto valid = [](double bytes) { return bytes >= 0 && std::isfinite(bytes); };
+  if (!valid(options.workspace_bytes) || !valid(options.capacity_bytes)) {
+    fail(ErrorKind::kInvalidArgument,
+         "memory options must be finite and not negative (workspace {} bytes, cap {} bytes)",
          options.workspace_bytes, options.capacity_bytes);
   }
   MemoryUse m;

@@ -87,7 +87,8 @@ RoutingModel RoutingModel::load(const std::filesystem::path& path, const ModelSp
     std::vector<double> values;
     for (const auto& v : row) {
       if (!v.is_number())
-        fail(ErrorKind::kInvalidFile, "{}: expert_counts holds a non-number {}", source, v.dump());
+        fail(ErrorKind::kInvalidFile, "{}: expert_counts holds a non-number {}", source,
+             json_excerpt(v));
       values.push_back(v.get<double>());
     }
     counts.push_back(std::move(values));

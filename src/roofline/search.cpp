@@ -61,6 +61,10 @@ SearchResult search_kv_budget(const ModelSpec& spec, const HardwareSpec& hw, con
     fail(ErrorKind::kInvalidArgument, "search target {} must be a positive number, got {}",
          target_kind_name(target.kind), target.value);
   }
+  if (!(options.knee_threshold >= 0) || !std::isfinite(options.knee_threshold)) {
+    fail(ErrorKind::kInvalidArgument, "knee threshold must be a finite number >= 0, got {}",
+         options.knee_threshold);
+  }
   if (options.batch_limit < 1) {
     fail(ErrorKind::kInvalidArgument, "batch limit must be positive, got {}", options.batch_limit);
   }

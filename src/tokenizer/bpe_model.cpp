@@ -32,7 +32,8 @@ BpeModel::BpeModel(const nlohmann::json& spec, const std::string& where) {
     fail(ErrorKind::kUnsupported, "{}.type: model '{}' is not supported (only BPE)", where, type);
   }
   const auto dropout = spec.find("dropout");
-  if (dropout != spec.end() && !dropout->is_null() && dropout->get<double>() != 0.0) {
+  if (dropout != spec.end() && !dropout->is_null() &&
+      !(dropout->is_number() && dropout->get<double>() == 0.0)) {
     fail(ErrorKind::kUnsupported, "{}.dropout: BPE dropout is not supported", where);
   }
   fuse_unk_ = optional_bool(spec, "fuse_unk", false, where);
@@ -46,12 +47,7 @@ BpeModel::BpeModel(const nlohmann::json& spec, const std::string& where) {
   vocab_.reserve(vocab.size());
   int32_t max_id = -1;
   for (const auto& [token, id_json] : vocab.items()) {
-    if (!id_json.is_number_integer() || id_json.get<int64_t>() < 0 ||
-        id_json.get<int64_t>() > INT32_MAX) {
-      fail(ErrorKind::kInvalidFile, "{}.vocab['{}']: expected a non-negative integer id", where,
-           token);
-    }
-    const auto id = static_cast<int32_t>(id_json.get<int64_t>());
+    const int32_t id = token_id(id_json, where + ".vocab['" + token + "']");
     vocab_.emplace(token, id);
     max_id = std::max(max_id, id);
   }

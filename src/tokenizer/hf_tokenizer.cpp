@@ -149,11 +149,7 @@ HfTokenizer::HfTokenizer(const nlohmann::json& spec, const std::string& where,
       const auto& a = (*added)[i];
       const std::string at = fmt::format("{}: added_tokens[{}]", where, i);
       AddedToken token;
-      const auto& id = required(a, "id", at);
-      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX) {
-        fail(ErrorKind::kInvalidFile, "{}.id: expected a non-negative integer", at);
-      }
-      token.id = static_cast<int32_t>(id.get<int64_t>());
+      token.id = tokenizer_json::token_id(required(a, "id", at), at + ".id");
       token.content = required_string(a, "content", at);
       require_valid_utf8(token.content, at + ".content");
       token.single_word = optional_bool(a, "single_word", false, at);
@@ -209,15 +205,19 @@ void HfTokenizer::read_post_processor(const nlohmann::json& spec, const std::str
       }
       const std::string name = required_string(required(single[i], "SpecialToken", at), "id", at);
       const auto& entry = required(special_tokens, name.c_str(), where + ".special_tokens");
-      for (const auto& id : required_array(entry, "ids", where + ".special_tokens." + name)) {
-        (after_sequence ? suffix_ids_ : prefix_ids_).push_back(id.get<int32_t>());
+      const std::string ids_at = where + ".special_tokens." + name;
+      for (const auto& id : required_array(entry, "ids", ids_at)) {
+        (after_sequence ? suffix_ids_ : prefix_ids_)
+            .push_back(tokenizer_json::token_id(id, ids_at));
       }
     }
     return;
   }
   if (type == "BertProcessing" || type == "RobertaProcessing") {
-    prefix_ids_.push_back(required(spec, "cls", where).at(1).get<int32_t>());
-    suffix_ids_.push_back(required(spec, "sep", where).at(1).get<int32_t>());
+    prefix_ids_.push_back(
+        tokenizer_json::token_id(required(spec, "cls", where).at(1), where + ".cls"));
+    suffix_ids_.push_back(
+        tokenizer_json::token_id(required(spec, "sep", where).at(1), where + ".sep"));
     return;
   }
   fail(ErrorKind::kUnsupported, "{}: post-processor type '{}' is not supported", where, type);

@@ -30,6 +30,18 @@ inline const nlohmann::json& required_array(const nlohmann::json& spec, const ch
   return v;
 }
 
+// Token ids index tables sized by the largest id, so they are bounded well above any real
+// vocabulary (the largest released ones hold about 2^18 tokens).
+inline constexpr int64_t kMaxTokenId = (int64_t{1} << 24) - 1;
+
+inline int32_t token_id(const nlohmann::json& value, const std::string& where) {
+  if (!value.is_number_integer() || value.get<int64_t>() < 0 ||
+      value.get<int64_t>() > kMaxTokenId) {
+    fail(ErrorKind::kInvalidFile, "{}: expected a token id in [0, {}]", where, kMaxTokenId);
+  }
+  return static_cast<int32_t>(value.get<int64_t>());
+}
+
 // An absent or null field gives `fallback`.
 inline bool optional_bool(const nlohmann::json& spec, const char* key, bool fallback,
                           const std::string& where) {

@@ -23,6 +23,11 @@ class Tokenizer {
   virtual int32_t vocab_size() const = 0;
 };
 
+// The first `max_tokens` ids of tokenizer.encode(text, false) without encoding all of a long
+// text: growing prefixes are encoded until one gives a margin of ids beyond `max_tokens`.
+std::vector<int32_t> encode_prefix(const Tokenizer& tokenizer, std::string_view text,
+                                   size_t max_tokens);
+
 // What tokenizer_config.json says about BOS/EOS; an absent field leaves the tokenizer's default.
 struct SpecialTokenSettings {
   std::optional<bool> add_bos, add_eos;
