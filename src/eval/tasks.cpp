@@ -64,6 +64,34 @@ constexpr std::array<std::string_view, 32> kNouns = {
 
 constexpr std::string_view kHex = "0123456789abcdef";
 constexpr std::string_view kUpper = "ABCDEFGHIJKLMNOPQRSTUVWXYZ";
+constexpr std::array<std::string_view, 12> kMonths = {
+    "January", "February", "March",     "April",   "May",      "June",
+    "July",    "August",   "September", "October", "November", "December"};
+
+// The noun is drawn before the adjective: multikey-needle's keys were first made by one expression
+// whose operands GCC evaluated right to left, and its instances (the embedded model's training
+// data) must stay what they were.
+std::string word_pair(Rng& rng, std::string_view separator) {
+  const std::string_view noun = kNouns[rng.below(kNouns.size())];
+  const std::string_view adjective = kAdjectives[rng.below(kAdjectives.size())];
+  return std::string(adjective) + std::string(separator) + std::string(noun);
+}
+
+// A random UUID's first four groups, 8-4-4-4 hex digits: the embedded tokenizer spends a token per
+// hex digit, and the whole 36 characters would not fit the 30 answer tokens the evaluation allows.
+std::string uuid(Rng& rng) {
+  std::string s;
+  for (int n : {8, 4, 4, 4}) s += (s.empty() ? "" : "-") + rng.letters(n, kHex);
+  return s;
+}
+
+// "7 October 1962": day 1-28, so that every month has it.
+std::string date(Rng& rng) {
+  const uint64_t day = 1 + rng.below(28);
+  const std::string_view month = kMonths[rng.below(kMonths.size())];
+  return std::to_string(day) + " " + std::string(month) + " " +
+         std::to_string(1900 + rng.below(200));
+}
 
 // A prompt before its length is fitted: facts to hide, in order, among filler.
 struct Layout {
@@ -184,28 +212,30 @@ TaskInstance fit_layout(TaskKind kind, uint64_t seed, Layout layout, Rng& rng,
   return instance;
 }
 
-Layout passkey_layout(Rng& rng) {
-  const std::string key = rng.digits(5);
+// The passkey test's needle; the held-out needles keep its sentences and change what the value is
+// called and what it looks like.
+Layout needle_layout(const std::string& what, const std::string& value) {
   return {
       "There is an important info hidden inside a lot of irrelevant text. Find it and memorize "
       "it. I will quiz you about the important information there.",
-      {"The pass key is " + key + ". Remember it. " + key + " is the pass key."},
-      "\nWhat is the pass key? The pass key is",
-      " " + key};
+      {"The " + what + " is " + value + ". Remember it. " + value + " is the " + what + "."},
+      "\nWhat is the " + what + "? The " + what + " is",
+      " " + value};
 }
+
+constexpr std::string_view kMagicNumbersHeader =
+    "Some special magic numbers are hidden within the following text. Make sure to memorize "
+    "them. I will quiz you about the numbers afterwards.";
 
 Layout multikey_layout(Rng& rng) {
   constexpr int kNeedles = 4;
   std::vector<std::string> keys;
   while (static_cast<int>(keys.size()) < kNeedles) {
-    std::string key = std::string(kAdjectives[rng.below(kAdjectives.size())]) + "-" +
-                      std::string(kNouns[rng.below(kNouns.size())]);
+    std::string key = word_pair(rng, "-");
     if (std::find(keys.begin(), keys.end(), key) == keys.end()) keys.push_back(std::move(key));
   }
   Layout layout;
-  layout.header =
-      "Some special magic numbers are hidden within the following text. Make sure to memorize "
-      "them. I will quiz you about the numbers afterwards.";
+  layout.header = kMagicNumbersHeader;
   std::vector<std::string> numbers;
   for (const auto& key : keys) {
     numbers.push_back(rng.digits(7));
@@ -217,6 +247,29 @@ Layout multikey_layout(Rng& rng) {
                     " mentioned in the provided text? The special magic number for " + keys[asked] +
                     " mentioned in the provided text is";
   layout.answer = " " + numbers[asked];
+  return layout;
+}
+
+// RULER's multi-value needle: one key, several values, all asked for (in the context's order).
+// Three values rather than RULER's four: four 7-digit numbers take more than the 30 answer tokens
+// the evaluation allows with the embedded tokenizer (a token per digit).
+Layout multivalue_layout(Rng& rng) {
+  constexpr int kValues = 3;
+  const std::string key = word_pair(rng, "-");
+  Layout layout;
+  layout.header = kMagicNumbersHeader;
+  std::vector<std::string> values;
+  while (static_cast<int>(values.size()) < kValues) {
+    std::string value = rng.digits(7);
+    if (std::find(values.begin(), values.end(), value) == values.end()) values.push_back(value);
+  }
+  for (const auto& value : values) {
+    layout.facts.push_back("One of the special magic numbers for " + key + " is: " + value + ".");
+    layout.answer += (layout.answer.empty() ? " " : ", ") + value;
+  }
+  layout.question = "\nWhat are all the special magic numbers for " + key +
+                    " mentioned in the provided text? The special magic numbers for " + key +
+                    " mentioned in the provided text are";
   return layout;
 }
 
@@ -265,7 +318,9 @@ Layout variable_tracking_layout(Rng& rng) {
 }
 
 // The whole context is key-value pairs, so its length is fitted by the number of pairs.
-TaskInstance kv_retrieval(uint64_t seed, Rng& rng, const TaskOptions& options,
+// kv-retrieval-odd draws its odd value after everything kv-retrieval draws before fitting, so that
+// adding it left kv-retrieval's instances as they were.
+TaskInstance kv_retrieval(TaskKind kind, uint64_t seed, Rng& rng, const TaskOptions& options,
                           const TokenCounter& count_tokens) {
   const std::string header =
       "Extract the value corresponding to the specified key in the JSON object below.\n{";
@@ -284,8 +339,8 @@ TaskInstance kv_retrieval(uint64_t seed, Rng& rng, const TaskOptions& options,
   // A question naming a key takes about as many tokens as one with any other key of the form.
   const size_t fixed = count_tokens(header) + tokens_after(count_tokens, question_for("00000000"));
   if (fixed > options.prompt_tokens) {
-    fail(ErrorKind::kInvalidArgument, "task kv-retrieval: a prompt of {} tokens is too short",
-         options.prompt_tokens);
+    fail(ErrorKind::kInvalidArgument, "task {}: a prompt of {} tokens is too short",
+         task_name(kind), options.prompt_tokens);
   }
   std::vector<std::pair<std::string, std::string>> pairs;
   size_t room = options.prompt_tokens - fixed;
@@ -297,18 +352,22 @@ TaskInstance kv_retrieval(uint64_t seed, Rng& rng, const TaskOptions& options,
     pairs.push_back(std::move(kv));
   }
   const uint64_t asked_draw = rng.below(uint64_t{1} << 62);
-  TaskInstance instance{TaskKind::kKvRetrieval, seed, {}, {}, {}, 0};
+  const std::string odd_value = kind == TaskKind::kKvRetrievalOdd ? word_pair(rng, "-") : "";
+  TaskInstance instance{kind, seed, {}, {}, {}, 0};
   auto assemble = [&] {
     if (pairs.empty()) {
       fail(ErrorKind::kInvalidArgument,
-           "task kv-retrieval: a prompt of {} tokens cannot hold a key-value pair",
+           "task {}: a prompt of {} tokens cannot hold a key-value pair", task_name(kind),
            options.prompt_tokens);
     }
-    const auto& asked = pairs[asked_draw % pairs.size()];
+    const size_t asked = asked_draw % pairs.size();
     instance.context = header;
-    for (const auto& kv : pairs) instance.context += line(kv);
-    instance.question = question_for(asked.first);
-    instance.answer = asked.second;
+    for (size_t i = 0; i < pairs.size(); ++i) {
+      instance.context +=
+          i == asked && !odd_value.empty() ? line({pairs[i].first, odd_value}) : line(pairs[i]);
+    }
+    instance.question = question_for(pairs[asked].first);
+    instance.answer = odd_value.empty() ? pairs[asked].second : odd_value;
     instance.prompt_tokens = count_tokens(instance.prompt());
   };
   assemble();
@@ -331,6 +390,21 @@ TaskInstance kv_retrieval(uint64_t seed, Rng& rng, const TaskOptions& options,
   return instance;
 }
 
+// The first `limit` maximal runs of letters and digits of s.
+std::vector<std::string_view> alnum_runs(std::string_view s, size_t limit) {
+  const auto alnum = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0; };
+  std::vector<std::string_view> runs;
+  size_t i = 0;
+  while (runs.size() < limit) {
+    while (i < s.size() && !alnum(s[i])) ++i;
+    if (i == s.size()) break;
+    const size_t start = i;
+    while (i < s.size() && alnum(s[i])) ++i;
+    runs.push_back(s.substr(start, i - start));
+  }
+  return runs;
+}
+
 }  // namespace
 
 std::string_view task_name(TaskKind kind) {
@@ -343,13 +417,25 @@ std::string_view task_name(TaskKind kind) {
       return "kv-retrieval";
     case TaskKind::kVariableTracking:
       return "variable-tracking";
+    case TaskKind::kNeedleWords:
+      return "needle-words";
+    case TaskKind::kNeedleUuid:
+      return "needle-uuid";
+    case TaskKind::kNeedleDate:
+      return "needle-date";
+    case TaskKind::kMultiValueNeedle:
+      return "multivalue-needle";
+    case TaskKind::kKvRetrievalOdd:
+      return "kv-retrieval-odd";
   }
   return "unknown";
 }
 
 const std::vector<TaskKind>& all_tasks() {
-  static const std::vector<TaskKind> kinds = {TaskKind::kPasskey, TaskKind::kMultiKeyNeedle,
-                                              TaskKind::kKvRetrieval, TaskKind::kVariableTracking};
+  static const std::vector<TaskKind> kinds = {
+      TaskKind::kPasskey,          TaskKind::kMultiKeyNeedle,   TaskKind::kKvRetrieval,
+      TaskKind::kVariableTracking, TaskKind::kNeedleWords,      TaskKind::kNeedleUuid,
+      TaskKind::kNeedleDate,       TaskKind::kMultiValueNeedle, TaskKind::kKvRetrievalOdd};
   return kinds;
 }
 
@@ -375,18 +461,38 @@ TaskInstance generate_task(TaskKind kind, uint64_t seed, const TaskOptions& opti
   Rng rng(seed);
   switch (kind) {
     case TaskKind::kPasskey:
-      return fit_layout(kind, seed, passkey_layout(rng), rng, options, count_tokens);
+      return fit_layout(kind, seed, needle_layout("pass key", rng.digits(5)), rng, options,
+                        count_tokens);
+    case TaskKind::kNeedleWords:
+      return fit_layout(kind, seed, needle_layout("secret phrase", word_pair(rng, " ")), rng,
+                        options, count_tokens);
+    case TaskKind::kNeedleUuid:
+      return fit_layout(kind, seed, needle_layout("access token", uuid(rng)), rng, options,
+                        count_tokens);
+    case TaskKind::kNeedleDate:
+      return fit_layout(kind, seed, needle_layout("launch date", date(rng)), rng, options,
+                        count_tokens);
     case TaskKind::kMultiKeyNeedle:
       return fit_layout(kind, seed, multikey_layout(rng), rng, options, count_tokens);
+    case TaskKind::kMultiValueNeedle:
+      return fit_layout(kind, seed, multivalue_layout(rng), rng, options, count_tokens);
     case TaskKind::kVariableTracking:
       return fit_layout(kind, seed, variable_tracking_layout(rng), rng, options, count_tokens);
     case TaskKind::kKvRetrieval:
-      return kv_retrieval(seed, rng, options, count_tokens);
+    case TaskKind::kKvRetrievalOdd:
+      return kv_retrieval(kind, seed, rng, options, count_tokens);
   }
   fail(ErrorKind::kInvalidArgument, "unknown task kind {}", static_cast<int>(kind));
 }
 
 bool answer_matches(const TaskInstance& instance, std::string_view continuation) {
+  if (instance.kind == TaskKind::kMultiValueNeedle) {
+    std::vector<std::string_view> expected = alnum_runs(instance.answer, SIZE_MAX);
+    std::vector<std::string_view> given = alnum_runs(continuation, expected.size());
+    std::sort(expected.begin(), expected.end());
+    std::sort(given.begin(), given.end());
+    return given == expected;
+  }
   // The answer must be the whole next word group: "58213" does not answer with "582130".
   auto skip_spaces = [](std::string_view s) {
     const auto first = s.find_first_not_of(' ');

@@ -12,9 +12,26 @@
 
 namespace ekva {
 
-enum class TaskKind { kPasskey, kMultiKeyNeedle, kKvRetrieval, kVariableTracking };
+// The first four are the formats the embedded model was trained on. The others are held out from
+// its training: passkey-style needles whose value is a word pair, a UUID (its first four groups)
+// or a date, each under its own name (secret phrase, access token, launch date); one key with
+// three values, all asked for; and key-value retrieval where every value is 8 hex digits except
+// the asked one, a word pair. Every answer takes at most 30 tokens of the embedded tokenizer, what
+// the evaluation leaves for it.
+enum class TaskKind {
+  kPasskey,
+  kMultiKeyNeedle,
+  kKvRetrieval,
+  kVariableTracking,
+  kNeedleWords,
+  kNeedleUuid,
+  kNeedleDate,
+  kMultiValueNeedle,
+  kKvRetrievalOdd
+};
 
-// Names as used on the command line: passkey, multikey-needle, kv-retrieval, variable-tracking.
+// Names as used on the command line: passkey, multikey-needle, kv-retrieval, variable-tracking,
+// needle-words, needle-uuid, needle-date, multivalue-needle, kv-retrieval-odd.
 std::string_view task_name(TaskKind kind);
 TaskKind parse_task_name(std::string_view name);
 const std::vector<TaskKind>& all_tasks();
@@ -40,7 +57,8 @@ using TokenCounter = std::function<size_t(const std::string&)>;
 struct TaskOptions {
   size_t prompt_tokens = 4096;  // the prompt's length; instances land within a few tokens below it
   // Paragraphs of prose to hide the facts in; empty means the repetitive noise sentences of the
-  // original passkey test. kv-retrieval uses no filler (its context is all key-value pairs).
+  // original passkey test. kv-retrieval and kv-retrieval-odd use no filler (their context is all
+  // key-value pairs).
   const std::vector<std::string>* filler = nullptr;
 };
 
@@ -52,7 +70,9 @@ TaskInstance generate_task(TaskKind kind, uint64_t seed, const TaskOptions& opti
 uint64_t instance_seed(uint64_t base_seed, uint64_t index);
 
 // Whether a model's continuation answers the instance: after leading spaces it starts with the
-// answer, followed by the end or a character that is not a letter or digit.
+// answer, followed by the end or a character that is not a letter or digit. multivalue-needle asks
+// for all values, in any order: the continuation's first runs of letters and digits must be the
+// answer's values, each once, separated by anything but letters and digits.
 bool answer_matches(const TaskInstance& instance, std::string_view continuation);
 
 // Splits text into paragraphs at blank lines, dropping empty ones (for TaskOptions::filler).

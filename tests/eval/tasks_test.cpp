@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "eval/evaluate.h"
 #include "tokenizer/tokenizer.h"
 
 namespace ekva {
@@ -53,6 +54,10 @@ std::string solve_variable_tracking(const TaskInstance& t) {
   return answer;
 }
 
+bool is_kv_retrieval(TaskKind kind) {
+  return kind == TaskKind::kKvRetrieval || kind == TaskKind::kKvRetrievalOdd;
+}
+
 class EachTask : public ::testing::TestWithParam<TaskKind> {};
 
 TEST_P(EachTask, SameSeedSameInstanceOtherSeedOther) {
@@ -80,7 +85,7 @@ TEST_P(EachTask, PromptFillsTheRequestedLength) {
 TEST_P(EachTask, AnswerFollowsFromTheContext) {
   for (uint64_t seed = 0; seed < 20; ++seed) {
     const TaskInstance t = make(GetParam(), instance_seed(3, seed), 500);
-    if (GetParam() == TaskKind::kKvRetrieval) {
+    if (is_kv_retrieval(GetParam())) {
       ASSERT_EQ(t.question.back(), '"');
     } else {
       ASSERT_EQ(t.answer.front(), ' ');
@@ -97,16 +102,67 @@ TEST_P(EachTask, AnswerFollowsFromTheContext) {
                   std::string::npos);
         break;
       }
-      case TaskKind::kKvRetrieval: {
+      case TaskKind::kKvRetrieval:
+      case TaskKind::kKvRetrievalOdd: {
         ASSERT_TRUE(std::regex_search(t.question, m, std::regex("key \"([0-9a-f]{8})\"")));
         const std::string entry = "\"" + m[1].str() + "\": \"";
         EXPECT_NE(t.context.find(entry + t.answer + "\""), std::string::npos);
         EXPECT_TRUE(t.question.ends_with(entry));
+        // Every value is 8 hex digits, except in kv-retrieval-odd the asked one, a word pair.
+        const std::regex value("\": \"([^\"]*)\",");
+        int hex = 0, other = 0;
+        for (auto it = std::sregex_iterator(t.context.begin(), t.context.end(), value);
+             it != std::sregex_iterator(); ++it) {
+          const std::string v = (*it)[1];
+          if (std::regex_match(v, std::regex("[0-9a-f]{8}"))) {
+            ++hex;
+          } else {
+            ++other;
+            EXPECT_EQ(v, t.answer);
+          }
+        }
+        EXPECT_GT(hex, 10);
+        EXPECT_EQ(other, GetParam() == TaskKind::kKvRetrievalOdd ? 1 : 0);
+        if (GetParam() == TaskKind::kKvRetrievalOdd) {
+          EXPECT_TRUE(std::regex_match(t.answer, std::regex("[a-z]+-[a-z]+"))) << t.answer;
+        }
         break;
       }
       case TaskKind::kVariableTracking:
         EXPECT_EQ(solve_variable_tracking(t), t.answer);
         break;
+      case TaskKind::kNeedleWords:
+        EXPECT_NE(t.context.find("The secret phrase is" + t.answer + "."), std::string::npos);
+        EXPECT_TRUE(std::regex_match(t.answer, std::regex(" [a-z]+ [a-z]+"))) << t.answer;
+        break;
+      case TaskKind::kNeedleUuid:
+        EXPECT_NE(t.context.find("The access token is" + t.answer + "."), std::string::npos);
+        EXPECT_TRUE(std::regex_match(
+            t.answer, std::regex(" [0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}")))
+            << t.answer;
+        break;
+      case TaskKind::kNeedleDate:
+        EXPECT_NE(t.context.find("The launch date is" + t.answer + "."), std::string::npos);
+        EXPECT_TRUE(std::regex_match(
+            t.answer, std::regex(" ([1-9]|1[0-9]|2[0-8]) (January|February|March|April|May|June|"
+                                 "July|August|September|October|November|December) "
+                                 "(19|20)[0-9][0-9]")))
+            << t.answer;
+        break;
+      case TaskKind::kMultiValueNeedle: {
+        ASSERT_TRUE(std::regex_search(t.question, m, std::regex("numbers for ([a-z]+-[a-z]+) ")));
+        const std::regex fact("magic numbers for " + m[1].str() + " is: ([0-9]{7})\\.");
+        std::vector<std::string> values;
+        for (auto it = std::sregex_iterator(t.context.begin(), t.context.end(), fact);
+             it != std::sregex_iterator(); ++it) {
+          values.push_back((*it)[1]);
+        }
+        ASSERT_EQ(values.size(), 3u);
+        EXPECT_EQ(t.answer, " " + values[0] + ", " + values[1] + ", " + values[2]);
+        std::sort(values.begin(), values.end());
+        EXPECT_EQ(std::unique(values.begin(), values.end()), values.end());
+        break;
+      }
     }
   }
 }
@@ -149,11 +205,84 @@ TEST(Tasks, ProseFillerIsUsedWhenGiven) {
       "Alpha beta gamma delta.\n\n\n  Epsilon zeta eta theta iota.  \n\nKappa lambda mu.\n");
   ASSERT_EQ(prose.size(), 3u);
   EXPECT_EQ(prose[1], "Epsilon zeta eta theta iota.");
-  const TaskInstance t = make(TaskKind::kPasskey, 5, 300, &prose);
-  EXPECT_NE(t.context.find("Kappa lambda mu."), std::string::npos);
-  EXPECT_EQ(t.context.find("The grass is green."), std::string::npos);
-  EXPECT_LE(t.prompt_tokens, 300u);
-  EXPECT_GE(t.prompt_tokens + 5, 300u);
+  for (TaskKind kind : all_tasks()) {
+    if (is_kv_retrieval(kind)) continue;  // all key-value pairs, no filler
+    const TaskInstance t = make(kind, 5, 300, &prose);
+    EXPECT_NE(t.context.find("Kappa lambda mu."), std::string::npos) << task_name(kind);
+    EXPECT_EQ(t.context.find("The grass is green."), std::string::npos) << task_name(kind);
+    EXPECT_LE(t.prompt_tokens, 300u);
+    EXPECT_GE(t.prompt_tokens + 5, 300u) << task_name(kind);
+    // Paragraphs are joined by blank lines, the facts too.
+    EXPECT_NE(t.context.find(".\n\nKappa lambda mu."), std::string::npos) << task_name(kind);
+  }
+}
+
+// The trained formats' instances are what the embedded model was trained and evaluated on, so
+// adding formats must not move them. These FNV-1a fingerprints (of context, question and answer of
+// 8 seeds x 2 lengths x noise and prose filler, under the word counter) were taken from the
+// generator before the held-out formats were added (66645d6), built with GCC. multikey-needle's
+// keys then came from one expression whose two draws GCC made right to left and Clang left to
+// right; the generator now draws in GCC's order on every compiler.
+TEST(Tasks, TrainedFormatsAreUnchanged) {
+  const std::vector<std::string> prose = {"Alpha beta gamma delta.", "Epsilon zeta eta theta iota.",
+                                          "Kappa lambda mu."};
+  const std::map<TaskKind, uint64_t> expected = {
+      {TaskKind::kPasskey, 0x474e67372fdee318ull},
+      {TaskKind::kMultiKeyNeedle, 0x438f610c9bf539d5ull},
+      {TaskKind::kKvRetrieval, 0x8ccf40153259e087ull},
+      {TaskKind::kVariableTracking, 0x4d34488cc92369daull}};
+  const std::vector<std::string>* fillers[] = {nullptr, &prose};
+  for (const auto& [kind, fingerprint] : expected) {
+    uint64_t h = 1469598103934665603ull;
+    for (uint64_t i = 0; i < 8; ++i) {
+      for (size_t tokens : {300, 1000}) {
+        for (const std::vector<std::string>* filler : fillers) {
+          const TaskInstance t = make(kind, instance_seed(777001, i), tokens, filler);
+          for (unsigned char c : t.context + '\x1f' + t.question + '\x1f' + t.answer) {
+            h = (h ^ c) * 1099511628211ull;
+          }
+        }
+      }
+    }
+    EXPECT_EQ(h, fingerprint) << task_name(kind);
+  }
+}
+
+TEST(Tasks, HeldOutNeedlesAreNotThePassKey) {
+  for (TaskKind kind : {TaskKind::kNeedleWords, TaskKind::kNeedleUuid, TaskKind::kNeedleDate}) {
+    const TaskInstance t = make(kind, 9, 400);
+    EXPECT_EQ((t.context + t.question).find("pass key"), std::string::npos) << task_name(kind);
+  }
+}
+
+TEST(Tasks, MultiValueAnswersNeedEveryValueInAnyOrder) {
+  TaskInstance t{TaskKind::kMultiValueNeedle, 0, "", "", " 1234567, 7654321, 5555555", 0};
+  EXPECT_TRUE(answer_matches(t, " 1234567, 7654321, 5555555"));
+  EXPECT_TRUE(answer_matches(t, "5555555, 1234567 7654321. More text"));
+  EXPECT_TRUE(answer_matches(t, " 7654321,5555555,1234567"));
+  EXPECT_FALSE(answer_matches(t, " 1234567, 7654321"));              // one missing
+  EXPECT_FALSE(answer_matches(t, " 1234567, 1234567, 5555555"));     // one twice, one missing
+  EXPECT_FALSE(answer_matches(t, " 1234567, 76543210, 5555555"));    // a longer number
+  EXPECT_FALSE(answer_matches(t, " 1234567 and 7654321, 5555555"));  // a word among them
+  EXPECT_FALSE(answer_matches(t, ""));
+}
+
+TEST(Tasks, HeldOutAnswersMatchWhole) {
+  TaskInstance words{TaskKind::kNeedleWords, 0, "", "", " silver tunnel", 0};
+  EXPECT_TRUE(answer_matches(words, " silver tunnel. Remember"));
+  EXPECT_FALSE(answer_matches(words, " silver tunnels"));
+  EXPECT_FALSE(answer_matches(words, " silver"));
+  TaskInstance id{TaskKind::kNeedleUuid, 0, "", "", " 3ffb30f3-4807-62f3-6ab3", 0};
+  EXPECT_TRUE(answer_matches(id, " 3ffb30f3-4807-62f3-6ab3."));
+  EXPECT_FALSE(answer_matches(id, " 3ffb30f3-4807-62f3-6ab"));
+  EXPECT_FALSE(answer_matches(id, " 3ffb30f3-4807-62f3-6ab3c"));
+  TaskInstance day{TaskKind::kNeedleDate, 0, "", "", " 28 December 2019", 0};
+  EXPECT_TRUE(answer_matches(day, " 28 December 2019."));
+  EXPECT_FALSE(answer_matches(day, " 28 December 20191"));
+  EXPECT_FALSE(answer_matches(day, " 2 December 2019"));
+  TaskInstance odd{TaskKind::kKvRetrievalOdd, 0, "", "", "urban-meadow", 0};
+  EXPECT_TRUE(answer_matches(odd, "urban-meadow\","));
+  EXPECT_FALSE(answer_matches(odd, "urban-meadows\","));
 }
 
 TEST(Tasks, AnswerMatchingNeedsTheWholeAnswer) {
@@ -182,7 +311,9 @@ TEST(Tasks, PromptTokensArePrefixOfPromptAndAnswerWithTheEmbeddedTokenizer) {
       ASSERT_GT(whole.size(), prompt.size()) << task_name(kind);
       EXPECT_TRUE(std::equal(prompt.begin(), prompt.end(), whole.begin()))
           << task_name(kind) << " seed " << seed;
-      if (kind == TaskKind::kKvRetrieval) {
+      // The evaluation generates the answer's tokens and two more within the room it holds back.
+      EXPECT_LE(whole.size() - prompt.size() + 2, kAnswerRoom) << task_name(kind);
+      if (is_kv_retrieval(kind)) {
         const std::vector<int32_t> answer(whole.begin() + static_cast<ptrdiff_t>(prompt.size()),
                                           whole.end());
         const std::vector<int32_t> context = tokenizer->encode(t.context, false);
