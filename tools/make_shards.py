@@ -97,11 +97,23 @@ def main():
     ap.add_argument("--corpus", default="data/corpus")
     ap.add_argument("--out", default="data/shards")
     ap.add_argument("--corpus-tokens", type=int, default=12_000_000)
+    ap.add_argument("--parts", default="corpus,tasks",
+                    help="what to make: corpus (corpus and held-out shards, filler text), tasks "
+                    "(task buckets and the evaluation set; needs the filler text)")
     args = ap.parse_args()
+    parts = set(args.parts.split(","))
     os.makedirs(args.out, exist_ok=True)
     tokenizer = os.path.join(args.model_dir, "tokenizer.model")
     sp = sentencepiece.SentencePieceProcessor(model_file=tokenizer)
 
+    filler = os.path.join(args.corpus, "filler.txt")
+    if "corpus" in parts:
+        make_corpus(sp, args, filler)
+    if "tasks" in parts:
+        make_tasks(sp, args, tokenizer, filler)
+
+
+def make_corpus(sp, args, filler):
     # The dictionary is most of the corpus but the least like running text: keep a third of it.
     keep = lambda i, doc: doc["source"] != "gcide" or i % 3 == 0
     corpus = tokenize_documents(sp, os.path.join(args.corpus, "train.jsonl"), args.corpus_tokens,
@@ -113,13 +125,14 @@ def main():
     print(f"corpus {len(corpus):,} tokens, held-out {len(heldout):,} tokens")
 
     # Prose filler for a quarter of the needle tasks, from training text only.
-    filler = os.path.join(args.corpus, "filler.txt")
     with open(os.path.join(args.corpus, "train.jsonl")) as f, open(filler, "w") as out:
         for i, line in enumerate(f):
             doc = json.loads(line)
             if doc["source"] in ("linux-doc", "python-docs", "fortunes") and i % 7 == 0:
                 out.write(doc["text"] + "\n\n")
 
+
+def make_tasks(sp, args, tokenizer, filler):
     stats = {"count_mismatch": 0, "dropped": 0}
     seed = 1
     for width, contexts in BUCKETS:

@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""Trains EKVA's embedded Mixtral-architecture MoE on the shards of tools/make_shards.py, on a GPU.
+"""Trains EKVA's embedded MoE models on the shards of tools/make_shards.py, on a GPU.
 
-The model is written in plain PyTorch with Hugging Face Mixtral's parameter names and math
-(RMSNorm, rotate-half RoPE, GQA, top-2 of 8 experts with renormalised softmax weights), so the
-export loads in transformers' MixtralForCausalLM and in EKVA's engine unchanged. The experts are
-computed densely with the unselected experts' weights zeroed: the same function as sparse dispatch,
-with static shapes and one matrix product per projection.
+Two architectures (--arch), each written in plain PyTorch with Hugging Face's parameter names and
+math, so the export loads in transformers and in EKVA's engine unchanged:
+- mixtral (models/ekva-moe-8m): RMSNorm, rotate-half RoPE, GQA, top-2 of 8 experts with
+  renormalised softmax weights (MixtralForCausalLM);
+- qwen3_moe (models/ekva-qwen3moe-12m): the same plus per-head RMSNorm of queries and keys before
+  RoPE, fine-grained routing (top-4 of 32 narrow experts, renormalised) (Qwen3MoeForCausalLM).
+The experts are computed densely with the unselected experts' weights zeroed: the same function as
+sparse dispatch, with static shapes and one matrix product per projection.
 
 Training mixes corpus windows with task instances; task rows put extra weight on the answer tokens
 and are followed by corpus text to fill the row. Sequence length grows over the run (1024, 2048,
@@ -29,7 +32,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-CONFIG = {
+CONFIGS = {}
+CONFIGS["mixtral"] = {
+    "arch": "mixtral",
     "vocab_size": 4096,
     "hidden_size": 256,
     "intermediate_size": 128,
@@ -42,6 +47,33 @@ CONFIG = {
     "rope_theta": 10000.0,
     "max_position_embeddings": 4096,
     "router_aux_loss_coef": 0.02,
+    "router_z_loss_coef": 0.0,
+    "norm_topk_prob": True,
+    "qk_norm": False,
+    "moe_module": "block_sparse_moe",
+    "expert_names": ("w1", "w2", "w3"),  # gate, down, up
+}
+# Fine-grained routing: 32 experts of width 56, top-4 (the same 224 active expert columns per token
+# as ekva-moe-8m's top-2 of 128), and the router z-loss of OLMoE beside the load-balancing loss.
+CONFIGS["qwen3_moe"] = {
+    "arch": "qwen3_moe",
+    "vocab_size": 4096,
+    "hidden_size": 256,
+    "intermediate_size": 56,  # the experts' width (moe_intermediate_size in the export)
+    "num_hidden_layers": 6,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "num_local_experts": 32,
+    "num_experts_per_tok": 4,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "max_position_embeddings": 4096,
+    "router_aux_loss_coef": 0.02,
+    "router_z_loss_coef": 0.001,
+    "norm_topk_prob": True,
+    "qk_norm": True,
+    "moe_module": "mlp",
+    "expert_names": ("gate_proj", "down_proj", "up_proj"),
 }
 
 
@@ -73,11 +105,18 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(d, self.kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(d, self.kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.heads * self.head_dim, d, bias=False)
+        self.qk_norm = c["qk_norm"]
+        if self.qk_norm:  # Qwen3: RMSNorm over each head's query and key, before RoPE
+            self.q_norm = RMSNorm(self.head_dim, c["rms_norm_eps"])
+            self.k_norm = RMSNorm(self.head_dim, c["rms_norm_eps"])
 
     def forward(self, x, cos, sin):
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        q = self.q_proj(x).view(b, t, self.heads, self.head_dim)
+        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         q = (q * cos + rotate_half(q) * sin).to(v.dtype)
         k = (k * cos + rotate_half(k) * sin).to(v.dtype)
@@ -89,20 +128,28 @@ class Attention(nn.Module):
 
 
 class Expert(nn.Module):
-    def __init__(self, d, inter):
+    """A SwiGLU expert; its projections carry the architecture's names (gate, down, up)."""
+
+    def __init__(self, d, inter, names):
         super().__init__()
-        self.w1 = nn.Linear(d, inter, bias=False)
-        self.w2 = nn.Linear(inter, d, bias=False)
-        self.w3 = nn.Linear(d, inter, bias=False)
+        self.names = names
+        setattr(self, names[0], nn.Linear(d, inter, bias=False))
+        setattr(self, names[1], nn.Linear(inter, d, bias=False))
+        setattr(self, names[2], nn.Linear(d, inter, bias=False))
+
+    def proj(self, i):
+        return getattr(self, self.names[i]).weight
 
 
 class SparseMoe(nn.Module):
     def __init__(self, c):
         super().__init__()
         self.n, self.k = c["num_local_experts"], c["num_experts_per_tok"]
+        self.norm_topk_prob = c["norm_topk_prob"]
         self.gate = nn.Linear(c["hidden_size"], self.n, bias=False)
         self.experts = nn.ModuleList(
-            Expert(c["hidden_size"], c["intermediate_size"]) for _ in range(self.n))
+            Expert(c["hidden_size"], c["intermediate_size"], c["expert_names"])
+            for _ in range(self.n))
 
     def forward(self, x):
         b, t, d = x.shape
@@ -110,11 +157,12 @@ class SparseMoe(nn.Module):
         router_logits = self.gate(x)
         probs = F.softmax(router_logits, dim=-1, dtype=torch.float)
         top_w, top_i = probs.topk(self.k, dim=-1)
-        top_w = top_w / top_w.sum(dim=-1, keepdim=True)
+        if self.norm_topk_prob:
+            top_w = top_w / top_w.sum(dim=-1, keepdim=True)
         weights = torch.zeros_like(probs).scatter(1, top_i, top_w).to(x.dtype)  # [N, E]
-        w1 = torch.cat([e.w1.weight for e in self.experts], 0)  # [E*I, d]
-        w3 = torch.cat([e.w3.weight for e in self.experts], 0)
-        w2 = torch.cat([e.w2.weight for e in self.experts], 1)  # [d, E*I]
+        w1 = torch.cat([e.proj(0) for e in self.experts], 0)  # gate [E*I, d]
+        w3 = torch.cat([e.proj(2) for e in self.experts], 0)  # up [E*I, d]
+        w2 = torch.cat([e.proj(1) for e in self.experts], 1)  # down [d, E*I]
         h = F.silu(x @ w1.t().to(x.dtype)) * (x @ w3.t().to(x.dtype))
         h = h.view(x.shape[0], self.n, -1) * weights.unsqueeze(-1)
         y = h.view(x.shape[0], -1) @ w2.t().to(x.dtype)
@@ -125,13 +173,14 @@ class DecoderLayer(nn.Module):
     def __init__(self, c):
         super().__init__()
         self.self_attn = Attention(c)
-        self.block_sparse_moe = SparseMoe(c)
+        self.moe_name = c["moe_module"]
+        setattr(self, self.moe_name, SparseMoe(c))
         self.input_layernorm = RMSNorm(c["hidden_size"], c["rms_norm_eps"])
         self.post_attention_layernorm = RMSNorm(c["hidden_size"], c["rms_norm_eps"])
 
     def forward(self, x, cos, sin):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin)
-        y, logits, probs, top_i = self.block_sparse_moe(self.post_attention_layernorm(x))
+        y, logits, probs, top_i = getattr(self, self.moe_name)(self.post_attention_layernorm(x))
         return x + y, (logits, probs, top_i)
 
 
@@ -143,7 +192,7 @@ class Backbone(nn.Module):
         self.norm = RMSNorm(c["hidden_size"], c["rms_norm_eps"])
 
 
-class Mixtral(nn.Module):
+class MoeLM(nn.Module):
     def __init__(self, c):
         super().__init__()
         self.c = c
@@ -156,7 +205,7 @@ class Mixtral(nn.Module):
         for name, p in self.named_parameters():
             if p.dim() == 2:
                 scale = 1 / math.sqrt(2 * c["num_hidden_layers"]) if name.endswith(
-                    ("o_proj.weight", "w2.weight")) else 1.0
+                    ("o_proj.weight", c["expert_names"][1] + ".weight")) else 1.0
                 nn.init.normal_(p, std=std * scale)
 
     def forward(self, ids):
@@ -182,6 +231,20 @@ def load_balancing_loss(routing, n_experts, k):
         prob_per_expert = probs.mean(0)
         total = total + (tokens_per_expert * prob_per_expert.unsqueeze(0)).sum() * n_experts
     return total / len(routing)
+
+
+def router_z_loss(routing):
+    """OLMoE's router z-loss: the mean squared log-partition of the router logits, per layer."""
+    return sum(torch.logsumexp(logits.float(), -1).pow(2).mean()
+               for logits, _, _ in routing) / len(routing)
+
+
+def min_load(routing, n_experts):
+    """The least-used expert's share of the top-k slots in any layer, times the number of experts
+    (1 when balanced, 0 when an expert got no token of the batch)."""
+    with torch.no_grad():
+        return min(torch.bincount(ti.reshape(-1), minlength=n_experts).min().item() /
+                   ti.numel() * n_experts for _, _, ti in routing)
 
 
 def read_u16(path):
@@ -235,10 +298,45 @@ def make_batch(corpus, bucket, row_weights, rows, task_rows, gen):
     return seq[:, :-1].long(), seq[:, 1:].long(), answer
 
 
-def export(model, tokenizer_ids, out_dir):
-    from safetensors.torch import save_file
-    c = model.c
-    config = {
+def hf_config(c, tokenizer_ids):
+    """config.json in the transformers-5 form of the model's architecture."""
+    if c["arch"] == "qwen3_moe":
+        return {
+            "architectures": ["Qwen3MoeForCausalLM"],
+            "model_type": "qwen3_moe",
+            "attention_bias": False,
+            "attention_dropout": 0.0,
+            "bos_token_id": tokenizer_ids["bos"],
+            "eos_token_id": tokenizer_ids["eos"],
+            "pad_token_id": None,
+            "decoder_sparse_step": 1,
+            "dtype": "bfloat16",
+            "head_dim": c["hidden_size"] // c["num_attention_heads"],
+            "hidden_act": "silu",
+            "hidden_size": c["hidden_size"],
+            "initializer_range": 0.02,
+            # Dense MLP width: unused, every layer is MoE (mlp_only_layers is empty).
+            "intermediate_size": c["intermediate_size"] * c["num_experts_per_tok"],
+            "max_position_embeddings": c["max_position_embeddings"],
+            "mlp_only_layers": [],
+            "moe_intermediate_size": c["intermediate_size"],
+            "norm_topk_prob": c["norm_topk_prob"],
+            "num_attention_heads": c["num_attention_heads"],
+            "num_experts_per_tok": c["num_experts_per_tok"],
+            "num_hidden_layers": c["num_hidden_layers"],
+            "num_key_value_heads": c["num_key_value_heads"],
+            "num_local_experts": c["num_local_experts"],  # what transformers 5 writes
+            "output_router_logits": False,
+            "rms_norm_eps": c["rms_norm_eps"],
+            "rope_parameters": {"rope_theta": c["rope_theta"], "rope_type": "default"},
+            "router_aux_loss_coef": c["router_aux_loss_coef"],
+            "sliding_window": None,
+            "tie_word_embeddings": False,
+            "use_cache": True,
+            "use_sliding_window": False,
+            "vocab_size": c["vocab_size"],
+        }
+    return {
         "architectures": ["MixtralForCausalLM"],
         "model_type": "mixtral",
         "attention_dropout": 0.0,
@@ -267,6 +365,11 @@ def export(model, tokenizer_ids, out_dir):
         "use_cache": True,
         "vocab_size": c["vocab_size"],
     }
+
+
+def export(model, tokenizer_ids, out_dir):
+    from safetensors.torch import save_file
+    config = hf_config(model.c, tokenizer_ids)
     state = {k: v.detach().to(torch.bfloat16).contiguous().cpu()
              for k, v in model.state_dict().items()}
     tmp = os.path.join(out_dir, "model.safetensors.tmp")
@@ -277,29 +380,35 @@ def export(model, tokenizer_ids, out_dir):
         f.write("\n")
 
 
+def slot_counts(routing, n_experts):
+    """[layers, E]: how many top-k slots each expert got."""
+    return torch.stack([torch.bincount(ti.reshape(-1), minlength=n_experts).float()
+                        for _, _, ti in routing])
+
+
 @torch.no_grad()
-def evaluate(model, shards, out_dir, device, log):
+def evaluate(model, shards, out_dir, device, log, eval_windows=64):
     model.eval()
+    n_experts = model.c["num_local_experts"]
     results = {}
     # Held-out perplexity over 4096-token windows of held-out documents.
     heldout = read_u16(os.path.join(shards, "heldout.bin.xz")).to(device)
     win = 4096
-    n_win = min(64, (heldout.numel() - 1) // win)
+    n_win = min(eval_windows, (heldout.numel() - 1) // win)
     nll, count = 0.0, 0
     load = None
     entropy = None
     for i in range(0, n_win, 8):
         idx = torch.arange(i, min(i + 8, n_win), device=device)
         seq = heldout[idx[:, None] * win + torch.arange(win + 1, device=device)[None, :]].long()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast(device, dtype=torch.bfloat16):
             logits, routing = model(seq[:, :-1])
         nll += F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
                                seq[:, 1:].reshape(-1), reduction="sum").item()
         count += seq[:, 1:].numel()
         # Routing statistics: share of top-k slots per expert, and the entropy of the router's
-        # distribution per token (ln 8 = 2.08 would be uniform, 0 a single expert).
-        layer_load = torch.stack([F.one_hot(ti, model.c["num_local_experts"]).float().sum((0, 1))
-                                  for _, _, ti in routing])
+        # distribution per token (ln E would be uniform, 0 a single expert).
+        layer_load = slot_counts(routing, n_experts)
         layer_ent = torch.stack([-(p * p.clamp_min(1e-12).log()).sum(-1).sum()
                                  for _, p, _ in routing])
         load = layer_load if load is None else load + layer_load
@@ -309,18 +418,28 @@ def evaluate(model, shards, out_dir, device, log):
     load = load / load.sum(1, keepdim=True)
     results["expert_load"] = [[round(v, 4) for v in row] for row in load.tolist()]
     results["router_entropy"] = [round(v / count, 4) for v in entropy.tolist()]
-    # Entropy of the per-layer expert load distribution, ln 8 when balanced.
+    # Entropy of the per-layer expert load distribution, ln E when balanced.
     results["load_entropy"] = [round(-(r * r.clamp_min(1e-12).log()).sum().item(), 4)
                                for r in load]
+    results["load_entropy_balanced"] = round(math.log(n_experts), 4)
+    # Dead experts: no slot at all on the held-out text; starved: under a tenth of a fair share.
+    results["dead_experts"] = [int((r == 0).sum().item()) for r in load]
+    results["starved_experts"] = [int((r < 0.1 / n_experts).sum().item()) for r in load]
 
     # Tasks: teacher-forced argmax on every answer token equals greedy exact match of the answer.
     bucket = Bucket(shards, "eval-4096", device)
     correct = {}
+    task_load = None
     for i in range(0, bucket.tokens.shape[0], 16):
         rows = torch.arange(i, min(i + 16, bucket.tokens.shape[0]), device=device)
         seq = bucket.tokens[rows].long()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits, _ = model(seq[:, :-1])
+        with torch.autocast(device, dtype=torch.bfloat16):
+            logits, routing = model(seq[:, :-1])
+        # Routing on the task prompts alone (the zero padding after each instance left out).
+        real = (torch.arange(seq.shape[1] - 1, device=device)[None, :] <
+                bucket.length[rows][:, None] - 1).reshape(-1)
+        counts = slot_counts([(lg, p, ti[real]) for lg, p, ti in routing], n_experts)
+        task_load = counts if task_load is None else task_load + counts
         pred = logits.argmax(-1)
         tpos = torch.arange(seq.shape[1] - 1, device=device)[None, :]
         start = bucket.answer_start[rows][:, None]
@@ -335,6 +454,10 @@ def evaluate(model, shards, out_dir, device, log):
             c[1] += 1
     results["task_accuracy_4096"] = {k: round(v[0] / v[1], 4) for k, v in correct.items()}
     results["task_instances_4096"] = {k: v[1] for k, v in correct.items()}
+    task_load = task_load / task_load.sum(1, keepdim=True)
+    results["expert_load_tasks"] = [[round(v, 4) for v in row] for row in task_load.tolist()]
+    results["load_entropy_tasks"] = [round(-(r * r.clamp_min(1e-12).log()).sum().item(), 4)
+                                     for r in task_load]
     log(json.dumps(results))
     with open(os.path.join(out_dir, "eval.json"), "w") as f:
         json.dump(results, f, indent=2)
@@ -344,9 +467,10 @@ def evaluate(model, shards, out_dir, device, log):
 @torch.no_grad()
 def parity_fixture(out_dir, shards, log):
     from safetensors.torch import save_file
-    from transformers import MixtralForCausalLM
-    hf = MixtralForCausalLM.from_pretrained(out_dir, dtype=torch.float32,
-                                            attn_implementation="eager").eval()
+    from transformers import AutoModelForCausalLM
+    hf = AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.float32,
+                                              attn_implementation="eager").eval()
+    log(f"transformers loaded {type(hf).__name__}")
     heldout = read_u16(os.path.join(shards, "heldout.bin.xz")).long()
     T = 64
     ids = torch.stack([heldout[:T], heldout[1000:1000 + T]])
@@ -383,7 +507,13 @@ def main():
     ap.add_argument("--curriculum", default="0.15:1024,0.35:2048,1:4096",
                     help="sequence length until each fraction of the time")
     ap.add_argument("--warmup", type=float, default=0.03, help="fraction of the time")
+    ap.add_argument("--arch", choices=sorted(CONFIGS), default="mixtral",
+                    help="mixtral: ekva-moe-8m; qwen3_moe: ekva-qwen3moe-12m")
+    ap.add_argument("--device", default="cuda", help="cuda; cpu only for a smoke test")
+    ap.add_argument("--eval-windows", type=int, default=64,
+                    help="4096-token held-out windows for perplexity and routing statistics")
     args = ap.parse_args()
+    config = CONFIGS[args.arch]
     os.makedirs(args.out, exist_ok=True)
     logf = open(os.path.join(args.out, "log.txt"), "a")
 
@@ -393,14 +523,14 @@ def main():
         logf.flush()
 
     t_start = time.time()
-    device = "cuda"
+    device = args.device
     torch.manual_seed(args.seed)
     torch.backends.cuda.matmul.allow_tf32 = True
     corpus = read_u16(os.path.join(args.shards, "corpus.bin.xz")).to(device)
     buckets = {w: Bucket(args.shards, f"tasks-{w}", device) for w in (1024, 2048, 4096)}
     log(f"data: corpus {corpus.numel():,} tokens; task rows "
         f"{ {w: b.tokens.shape[0] for w, b in buckets.items()} }; load {time.time() - t_start:.1f}s")
-    model = Mixtral(CONFIG).to(device)
+    model = MoeLM(config).to(device)
     if args.init:
         from safetensors.torch import load_file
         model.load_state_dict({k: v.float() for k, v in load_file(args.init).items()})
@@ -416,13 +546,14 @@ def main():
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
                              {"params": no_decay, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=True)
+                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=device == "cuda")
     gen = torch.Generator(device=device)
     gen.manual_seed(args.seed)
     csv = open(os.path.join(args.out, "train_log.csv"), "w")
-    csv.write("step,seconds,seq_len,lr,loss,answer_loss,aux_loss,tokens\n")
+    csv.write("step,seconds,seq_len,lr,loss,answer_loss,aux_loss,z_loss,min_load,tokens,"
+              "task_rows\n")
     tokenizer_ids = {"bos": 1, "eos": 2}
-    step, tokens_seen = 0, 0
+    step, tokens_seen, task_rows_seen, rows_seen = 0, 0, 0, 0
     t0 = time.time()
     last_export = t0
     warmup = args.warmup
@@ -436,50 +567,60 @@ def main():
         for g in opt.param_groups:
             g["lr"] = lr
         rows = args.tokens_per_step // width
-        task_rows = int(round(rows * args.task_fraction))
+        # Task rows so far never exceed --task-fraction of all rows (16 rows of 4096 at 10%
+        # rounded per batch would be 2, 12.5%): carry the fraction over from batch to batch.
+        task_rows = math.floor((rows_seen + rows) * args.task_fraction) - task_rows_seen
         inputs, targets, answer = make_batch(corpus, buckets[width], row_weights[width], rows,
                                              task_rows, gen)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast(device, dtype=torch.bfloat16):
             logits, routing = model(inputs)
         ce = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1),
                              reduction="none").view(targets.shape)
         loss_lm = ce.mean()
         answer_f = answer.float()
         loss_answer = (ce * answer_f).sum() / answer_f.sum().clamp_min(1)
-        aux = load_balancing_loss(routing, CONFIG["num_local_experts"],
-                                  CONFIG["num_experts_per_tok"])
+        aux = load_balancing_loss(routing, config["num_local_experts"],
+                                  config["num_experts_per_tok"])
         loss = loss_lm + args.answer_weight * loss_answer * (task_rows / rows) + \
-            CONFIG["router_aux_loss_coef"] * aux
+            config["router_aux_loss_coef"] * aux
+        z = router_z_loss(routing) if config["router_z_loss_coef"] else torch.zeros(())
+        if config["router_z_loss_coef"]:
+            loss = loss + config["router_z_loss_coef"] * z
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
         tokens_seen += inputs.numel()
+        rows_seen += rows
+        task_rows_seen += task_rows
         if step % 25 == 0 or step == 1:
             elapsed = time.time() - t0
             line = (f"{step},{elapsed:.1f},{width},{lr:.6f},{loss_lm.item():.4f},"
-                    f"{loss_answer.item():.4f},{aux.item():.4f},{tokens_seen}")
+                    f"{loss_answer.item():.4f},{aux.item():.4f},{z.item():.4f},"
+                    f"{min_load(routing, config['num_local_experts']):.3f},{tokens_seen},"
+                    f"{task_rows_seen}")
             csv.write(line + "\n")
             csv.flush()
             if step % 100 == 0 or step == 1:
                 log(f"step {step} t={elapsed:.0f}s L={width} lr={lr:.2e} lm={loss_lm.item():.3f} "
-                    f"ans={loss_answer.item():.3f} aux={aux.item():.3f} "
+                    f"ans={loss_answer.item():.3f} aux={aux.item():.3f} z={z.item():.2f} "
                     f"tok/s={tokens_seen / elapsed:,.0f}")
         if time.time() - last_export > args.export_every:
             export(model, tokenizer_ids, args.out)
             last_export = time.time()
-    log(f"trained {step} steps, {tokens_seen:,} tokens in {time.time() - t0:.0f}s")
+    log(f"trained {step} steps, {tokens_seen:,} tokens in {time.time() - t0:.0f}s; task rows "
+        f"{task_rows_seen:,} of {rows_seen:,} ({task_rows_seen / max(rows_seen, 1):.2%})")
     export(model, tokenizer_ids, args.out)
     # The model is saved; a failure below is logged and leaves it in place.
     try:
-        evaluate(model, args.shards, args.out, device, log)
+        evaluate(model, args.shards, args.out, device, log, args.eval_windows)
     except Exception as e:  # noqa: BLE001
         log(f"evaluation failed: {e!r}")
     try:
         hf = parity_fixture(args.out, args.shards, log)
         from safetensors.torch import load_file
-        ours = Mixtral(CONFIG)
+        ours = MoeLM(config)
         ours.load_state_dict({k: v.float() for k, v in
                               load_file(os.path.join(args.out, "model.safetensors")).items()})
         with torch.no_grad():
