@@ -55,17 +55,86 @@ std::vector<IsoQualityRow> iso_quality(const std::vector<TaskScore>& scores,
   return rows;
 }
 
+std::vector<PairedRow> paired_comparisons(const std::vector<TaskScore>& scores) {
+  std::vector<std::pair<std::string, double>> cells;  // (task, budget), first appearance first
+  for (const TaskScore& s : scores) {
+    const std::pair<std::string, double> cell{s.task, s.budget};
+    if (s.policy != "full" && std::find(cells.begin(), cells.end(), cell) == cells.end())
+      cells.push_back(cell);
+  }
+  const auto& blind = expert_blind_policies();
+  std::vector<PairedRow> rows;
+  for (const auto& [task, budget] : cells) {
+    std::vector<const TaskScore*> in_cell;
+    const TaskScore* best = nullptr;
+    for (const TaskScore& s : scores) {
+      if (s.task != task || s.budget != budget || s.policy == "full") continue;
+      if (s.sample_values.empty() ||
+          (!in_cell.empty() && s.sample_values.size() != in_cell.front()->sample_values.size())) {
+        fail(ErrorKind::kInvalidArgument, "paired test: {} at {:g} on {} has {} samples{}",
+             s.policy, budget, task, s.sample_values.size(),
+             in_cell.empty() ? ""
+                             : fmt::format(", {} has {}", in_cell.front()->policy,
+                                           in_cell.front()->sample_values.size()));
+      }
+      in_cell.push_back(&s);
+      const bool is_blind = std::find(blind.begin(), blind.end(), s.policy) != blind.end();
+      if (is_blind && (best == nullptr || s.quality > best->quality)) best = &s;
+    }
+    if (best == nullptr) continue;
+    // Perplexity windows compare by NLL per token, lower being better.
+    const auto per_sample = [](const TaskScore& s) {
+      std::vector<double> v = s.sample_values;
+      for (size_t i = 0; i < s.sample_tokens.size(); ++i) v[i] /= std::max(s.sample_tokens[i], 1);
+      return v;
+    };
+    const std::vector<double> reference = per_sample(*best);
+    for (const TaskScore* s : in_cell) {
+      if (s == best) continue;
+      rows.push_back({task, budget, s->policy, best->policy, s->score, best->score,
+                      paired_exact_test(per_sample(*s), reference, s->sample_tokens.empty())});
+    }
+  }
+  return rows;
+}
+
 nlohmann::json score_json(const TaskScore& s) {
-  return {{"task", s.task},
-          {"policy", s.policy},
-          {"budget", s.budget},
-          {"score", s.score},
-          {"ci95", {s.interval.low, s.interval.high}},
-          {"quality", s.quality},
-          {"samples", s.samples},
-          {"kv_bytes", s.kv_bytes},
-          {"kv_bytes_full", s.kv_bytes_full},
-          {"kv_fraction", s.kv_fraction}};
+  nlohmann::json j = {{"task", s.task},
+                      {"policy", s.policy},
+                      {"budget", s.budget},
+                      {"score", s.score},
+                      {"ci95", {s.interval.low, s.interval.high}},
+                      {"quality", s.quality},
+                      {"samples", s.samples},
+                      {"kv_bytes", s.kv_bytes},
+                      {"kv_bytes_full", s.kv_bytes_full},
+                      {"kv_fraction", s.kv_fraction}};
+  // Per sample, in instance order, so that any two policies can be paired later.
+  if (s.sample_tokens.empty()) {
+    std::vector<int> correct;
+    for (double v : s.sample_values) correct.push_back(v != 0.0);
+    j["correct"] = correct;
+  } else {
+    j["nll"] = s.sample_values;
+    j["tokens"] = s.sample_tokens;
+  }
+  return j;
+}
+
+nlohmann::json paired_json(const std::vector<PairedRow>& rows) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const PairedRow& r : rows) {
+    out.push_back({{"task", r.task},
+                   {"budget", r.budget},
+                   {"policy", r.policy},
+                   {"baseline", r.baseline},
+                   {"score", r.score},
+                   {"baseline_score", r.baseline_score},
+                   {"policy_better", r.test.first_better},
+                   {"baseline_better", r.test.second_better},
+                   {"p_value", r.test.p_value}});
+  }
+  return out;
 }
 
 nlohmann::json iso_quality_json(const std::vector<IsoQualityRow>& rows) {
@@ -99,6 +168,30 @@ std::string results_csv(const std::vector<TaskScore>& scores) {
                        s.kv_bytes_full, s.kv_fraction);
   }
   return csv;
+}
+
+std::string paired_csv(const std::vector<PairedRow>& rows) {
+  std::string csv =
+      "task,budget,policy,baseline,score,baseline_score,policy_better,baseline_better,p_value\n";
+  for (const PairedRow& r : rows) {
+    csv +=
+        fmt::format("{},{},{},{},{},{},{},{},{}\n", r.task, r.budget, r.policy, r.baseline, r.score,
+                    r.baseline_score, r.test.first_better, r.test.second_better, r.test.p_value);
+  }
+  return csv;
+}
+
+std::string paired_markdown(const std::vector<PairedRow>& rows) {
+  std::string md =
+      "| task | budget | policy | score | best expert-blind | its score | policy better | "
+      "baseline better | p (exact) |\n| --- | ---: | --- | ---: | --- | ---: | ---: | ---: | ---: "
+      "|\n";
+  for (const PairedRow& r : rows) {
+    md += fmt::format("| {} | {:g} | {} | {:.4g} | {} | {:.4g} | {} | {} | {:.3g} |\n", r.task,
+                      r.budget, r.policy, r.score, r.baseline, r.baseline_score,
+                      r.test.first_better, r.test.second_better, r.test.p_value);
+  }
+  return md;
 }
 
 std::string score_chart_svg(const std::string& task, const std::vector<TaskScore>& scores) {

@@ -69,6 +69,14 @@ TaskInstance generate_task(TaskKind kind, uint64_t seed, const TaskOptions& opti
 // The seed of the index-th instance of a set generated from base_seed.
 uint64_t instance_seed(uint64_t base_seed, uint64_t index);
 
+// Base seeds of the evaluation's instance sets. Every choice made by looking at scores (a policy's
+// threshold or cap, which variant to ship) is made on the dev set; the test set is scored only with
+// those choices fixed, for the published tables. Neither is 777001, the set the first sweeps
+// reported and whose instances the embedded model's training scored as its evaluation rows, nor
+// one of the small seeds its training instances came from.
+inline constexpr uint64_t kDevSeed = 5150001;
+inline constexpr uint64_t kTestSeed = 9001001;
+
 // Whether a model's continuation answers the instance: after leading spaces it starts with the
 // answer, followed by the end or a character that is not a letter or digit. multivalue-needle asks
 // for all values, in any order: the continuation's first runs of letters and digits must be the
