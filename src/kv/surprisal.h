@@ -57,13 +57,13 @@ struct ReserveOptions {
 };
 
 // Positions whose surprisal exceeds mean + threshold x sd, highest surprisal first, ties by earlier
-// position; empty for an empty input. Throws kInvalidArgument for a non-finite threshold or
-// surprisal.
+// position; empty for an empty input or one whose scores are all equal. Throws kInvalidArgument for
+// a non-finite threshold or surprisal.
 std::vector<int> surprisal_outliers(const std::vector<double>& surprisal, double threshold);
 
-// floor(cap x room), where a product within 1e-9 of an integer counts as that integer (0.29 x 100
-// is 28.999999999999996 in binary floating point but reserves 29). Throws kInvalidArgument for a
-// cap outside [0, 1] or a negative room.
+// floor(cap x room), where a product less than 1e-9 below an integer counts as that integer
+// (0.29 x 100 is 28.999999999999996 in binary floating point but reserves 29). Throws
+// kInvalidArgument for a cap outside [0, 1] or a negative room.
 size_t reserve_limit(double cap, int room);
 
 // The first reserve_limit(cap, room) of surprisal_outliers(surprisal, threshold): the positions to
