@@ -4,6 +4,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "io/atomic_file.h"
 #include "io/json_file.h"
 #include "io/model_config.h"
 #include "kv/budget_plan.h"
@@ -207,6 +208,7 @@ int run_predict(const PredictArgs& a) {
     }
     return 0;
   }
+  if (!a.svg.empty()) check_output_file(a.svg);
   const CommonArgs& c = a.common;
   if (c.model.empty()) fail(ErrorKind::kInvalidArgument, "--model is required");
   const ModelSpec spec = load_model_config(c.model);

@@ -1,12 +1,11 @@
 #include <fmt/core.h>
 
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "cli/commands.h"
 #include "core/error.h"
 #include "eval/tasks.h"
+#include "io/atomic_file.h"
 #include "io/json_file.h"
 #include "tokenizer/tokenizer.h"
 
@@ -23,15 +22,8 @@ struct TasksArgs {
   std::string filler;
 };
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(ErrorKind::kNotFound, "--filler: cannot open '{}'", path);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 int run_tasks(const TasksArgs& a) {
+  check_output_file(a.out);
   const TaskKind kind = parse_task_name(a.task);
   const auto tokenizer = load_tokenizer(a.tokenizer);
   const TokenCounter count = [&](const std::string& text) {
@@ -41,7 +33,7 @@ int run_tasks(const TasksArgs& a) {
   TaskOptions options;
   options.prompt_tokens = a.context;
   if (!a.filler.empty()) {
-    filler = split_paragraphs(read_text(a.filler));
+    filler = split_paragraphs(read_text_file(a.filler));
     if (filler.empty()) fail(ErrorKind::kInvalidArgument, "--filler: '{}' is empty", a.filler);
     options.filler = &filler;
   }
@@ -68,8 +60,10 @@ void add_tasks(CLI::App& app, Action& action) {
   auto a = std::make_shared<TasksArgs>();
   cmd->add_option("--task", a->task, "passkey, multikey-needle, kv-retrieval or variable-tracking")
       ->required();
+  // Fitting a prompt re-encodes it a few times, so time and memory grow with its length; 2^20
+  // tokens (about 4 MB of text) bounds them.
   cmd->add_option("--context", a->context, "Prompt length in tokens (context + question)")
-      ->check(CLI::Range(1, 1 << 24));
+      ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--count", a->count, "Number of instances")->check(CLI::Range(1, 1 << 24));
   cmd->add_option("--seed", a->seed, "Seed of the set; instance i uses a seed derived from it");
   cmd->add_option("--out", a->out, "Output file (JSON lines)")->required();

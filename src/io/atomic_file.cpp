@@ -86,9 +86,9 @@ void write_files_atomically(const fs::path& dir,
   if (ec) fail(ErrorKind::kIo, "{}: cannot create directory: {}", dir.string(), ec.message());
   std::vector<fs::path> written;
   try {
-    for (const auto& [name, text] : name_and_text) {
-      const fs::path path = dir / name;
-      write_temporary(path, temporary_name(path), [&](std::ostream& out) { out << text; });
+    for (const auto& file : name_and_text) {
+      const fs::path path = dir / file.first;
+      write_temporary(path, temporary_name(path), [&](std::ostream& out) { out << file.second; });
       written.push_back(path);
     }
   } catch (...) {
@@ -101,11 +101,15 @@ void write_files_atomically(const fs::path& dir,
 
 void check_output_file(const fs::path& path) {
   std::error_code ec;
-  if (fs::is_directory(path, ec)) {
+  const auto status = fs::status(path, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory) {
+    fail(ErrorKind::kIo, "{}: cannot write: {}", path.string(), ec.message());
+  }
+  if (fs::is_directory(status)) {
     fail(ErrorKind::kIo, "{}: cannot write: it is a directory", path.string());
   }
   check_writable_directory(directory_of(path), path);
-  if (fs::exists(path, ec) && ::access(path.c_str(), W_OK) != 0) {
+  if (fs::exists(status) && ::access(path.c_str(), W_OK) != 0) {
     fail(ErrorKind::kIo, "{}: cannot write: {}", path.string(), std::strerror(errno));
   }
 }

@@ -7,22 +7,20 @@
 
 #include "core/error.h"
 #include "io/json_file.h"
+#include "io/model_limits.h"
 
 namespace ekva {
 namespace {
 
 using nlohmann::json;
 
-// Bounds far above any released checkpoint, so that a corrupt or hostile config is refused before
-// anything is sized from it (the engine and the roofline allocate per layer, head, expert and
-// token id).
-constexpr int64_t kMaxLayers = 1024;
-constexpr int64_t kMaxHeads = 1024;
-constexpr int64_t kMaxHeadDim = 4096;
-constexpr int64_t kMaxHidden = 1 << 17;
-constexpr int64_t kMaxIntermediate = 1 << 20;
-constexpr int64_t kMaxExperts = 4096;
-constexpr int64_t kMaxVocab = 1 << 24;
+using model_limits::kExperts;
+using model_limits::kHeadDim;
+using model_limits::kHeads;
+using model_limits::kHidden;
+using model_limits::kIntermediate;
+using model_limits::kLayers;
+using model_limits::kVocab;
 constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();
 
 class ConfigReader {
@@ -161,20 +159,20 @@ ModelSpec parse_model_config(const json& config, const std::string& source) {
   ModelSpec s;
   s.arch = parse_architecture(c);
   s.model_type = architecture_name(s.arch);
-  s.hidden_size = c.integer("hidden_size", 1, kMaxHidden);
-  s.num_layers = c.integer("num_hidden_layers", 1, kMaxLayers);
-  s.num_heads = c.integer("num_attention_heads", 1, kMaxHeads);
-  s.num_kv_heads = c.integer_or("num_key_value_heads", 1, kMaxHeads, s.num_heads);
+  s.hidden_size = c.integer("hidden_size", 1, kHidden);
+  s.num_layers = c.integer("num_hidden_layers", 1, kLayers);
+  s.num_heads = c.integer("num_attention_heads", 1, kHeads);
+  s.num_kv_heads = c.integer_or("num_key_value_heads", 1, kHeads, s.num_heads);
   if (s.num_heads % s.num_kv_heads != 0) {
     fail(ErrorKind::kInvalidFile,
          "{}: num_attention_heads {} is not a multiple of num_key_value_heads {}", source,
          s.num_heads, s.num_kv_heads);
   }
-  s.head_dim = c.integer_or("head_dim", 1, kMaxHeadDim, s.hidden_size / s.num_heads);
+  s.head_dim = c.integer_or("head_dim", 1, kHeadDim, s.hidden_size / s.num_heads);
   if (s.head_dim <= 0 || s.head_dim % 2 != 0) {
     fail(ErrorKind::kInvalidFile, "{}: head_dim {} must be positive and even", source, s.head_dim);
   }
-  s.vocab_size = c.integer("vocab_size", 1, kMaxVocab);
+  s.vocab_size = c.integer("vocab_size", 1, kVocab);
   s.max_position = c.integer("max_position_embeddings", 1, kMaxInt);
   s.rms_eps = c.number_or("rms_norm_eps", 0.0, 1e-6);
   s.tie_embeddings = c.boolean_or("tie_word_embeddings", false);
@@ -201,9 +199,9 @@ ModelSpec parse_model_config(const json& config, const std::string& source) {
   if (c.has("bos_token_id")) s.bos_id = c.integer("bos_token_id", 0, kMaxInt);
   s.eos_ids = c.integers("eos_token_id", 0, kMaxInt);
 
-  s.num_experts = c.has("num_local_experts") ? c.integer("num_local_experts", 1, kMaxExperts)
-                                             : c.integer("num_experts", 1, kMaxExperts);
-  s.top_k = c.integer("num_experts_per_tok", 1, kMaxExperts);
+  s.num_experts = c.has("num_local_experts") ? c.integer("num_local_experts", 1, kExperts)
+                                             : c.integer("num_experts", 1, kExperts);
+  s.top_k = c.integer("num_experts_per_tok", 1, kExperts);
   if (s.top_k > s.num_experts) {
     fail(ErrorKind::kInvalidFile, "{}: num_experts_per_tok {} exceeds the {} experts", source,
          s.top_k, s.num_experts);
@@ -212,13 +210,13 @@ ModelSpec parse_model_config(const json& config, const std::string& source) {
   switch (s.arch) {
     case Architecture::kMixtral:
       s.norm_topk_prob = true;  // Mixtral always renormalises its top-k gates
-      s.expert_intermediate = c.integer("intermediate_size", 1, kMaxIntermediate);
+      s.expert_intermediate = c.integer("intermediate_size", 1, kIntermediate);
       break;
     case Architecture::kQwen2Moe:
     case Architecture::kQwen3Moe: {
       s.norm_topk_prob = c.boolean_or("norm_topk_prob", s.arch == Architecture::kQwen3Moe);
-      s.expert_intermediate = c.integer("moe_intermediate_size", 1, kMaxIntermediate);
-      s.dense_intermediate = c.integer_or("intermediate_size", 0, kMaxIntermediate, 0);
+      s.expert_intermediate = c.integer("moe_intermediate_size", 1, kIntermediate);
+      s.dense_intermediate = c.integer_or("intermediate_size", 0, kIntermediate, 0);
       const int step = c.integer_or("decoder_sparse_step", 0, kMaxInt, 1);
       const std::vector<int> mlp_only = c.integers("mlp_only_layers", 0, kMaxInt);
       for (int l = 0; l < s.num_layers; ++l) {
@@ -232,7 +230,7 @@ ModelSpec parse_model_config(const json& config, const std::string& source) {
       if (s.arch == Architecture::kQwen2Moe) {
         s.qkv_bias = c.boolean_or("qkv_bias", true);
         s.shared_intermediate =
-            c.integer_or("shared_expert_intermediate_size", 0, kMaxIntermediate, 0);
+            c.integer_or("shared_expert_intermediate_size", 0, kIntermediate, 0);
         s.shared_expert_gated = s.shared_intermediate > 0;
       } else {
         s.qkv_bias = c.boolean_or("attention_bias", false);
@@ -246,7 +244,7 @@ ModelSpec parse_model_config(const json& config, const std::string& source) {
     }
     case Architecture::kOlmoe:
       s.norm_topk_prob = c.boolean_or("norm_topk_prob", false);
-      s.expert_intermediate = c.integer("intermediate_size", 1, kMaxIntermediate);
+      s.expert_intermediate = c.integer("intermediate_size", 1, kIntermediate);
       s.qkv_bias = c.boolean_or("attention_bias", false);
       s.o_bias = s.qkv_bias;
       s.qk_norm = QkNorm::kWholeProjection;

@@ -1,9 +1,12 @@
 #include "kv/budget_plan.h"
 
 #include <cmath>
+#include <cstdint>
+#include <limits>
 
 #include "core/error.h"
 #include "io/json_file.h"
+#include "io/model_limits.h"
 
 namespace ekva {
 
@@ -128,17 +131,23 @@ BudgetPlan BudgetPlan::load(const std::filesystem::path& path) {
 
 namespace {
 
+constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();
+
 const json& field(const json& j, const char* key, const std::string& source) {
   if (!j.is_object() || !j.contains(key))
     fail(ErrorKind::kInvalidFile, "{}: missing field '{}'", source, key);
   return j[key];
 }
 
-int int_field(const json& j, const char* key, const std::string& source) {
+// An integer in [0, max]: shapes are bounded before anything is sized from them, and nothing is
+// narrowed silently.
+int int_field(const json& j, const char* key, const std::string& source, int64_t max) {
   const json& v = field(j, key, source);
-  if (!v.is_number_integer())
-    fail(ErrorKind::kInvalidFile, "{}: field '{}' is not an integer", source, key);
-  return v.get<int>();
+  if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > max ||
+      (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(max))) {
+    fail(ErrorKind::kInvalidFile, "{}: field '{}' must be an integer in [0, {}]", source, key, max);
+  }
+  return static_cast<int>(v.get<int64_t>());
 }
 
 std::string string_field(const json& j, const char* key, const std::string& source) {
@@ -153,7 +162,7 @@ BudgetPlan BudgetPlan::from_json(const json& j, const std::string& source) {
   if (field(j, "format", source) != "ekva.budget_plan") {
     fail(ErrorKind::kInvalidFile, "{}: format is not 'ekva.budget_plan'", source);
   }
-  const int version = int_field(j, "version", source);
+  const int version = int_field(j, "version", source, kMaxInt);
   if (version != kVersion) {
     fail(ErrorKind::kUnsupported, "{}: budget plan version {} (this build reads version {})",
          source, version, kVersion);
@@ -161,9 +170,9 @@ BudgetPlan BudgetPlan::from_json(const json& j, const std::string& source) {
   const json& m = field(j, "model", source);
   ModelSpec shape;
   shape.model_type = string_field(m, "model_type", source);
-  shape.num_layers = int_field(m, "num_layers", source);
-  shape.num_kv_heads = int_field(m, "num_kv_heads", source);
-  shape.num_experts = int_field(m, "num_experts", source);
+  shape.num_layers = int_field(m, "num_layers", source, model_limits::kLayers);
+  shape.num_kv_heads = int_field(m, "num_kv_heads", source, model_limits::kHeads);
+  shape.num_experts = int_field(m, "num_experts", source, model_limits::kExperts);
   if (shape.num_layers <= 0 || shape.num_kv_heads <= 0 || shape.num_experts <= 0) {
     fail(ErrorKind::kInvalidFile, "{}: model shape must be positive", source);
   }
@@ -171,29 +180,32 @@ BudgetPlan BudgetPlan::from_json(const json& j, const std::string& source) {
   if (unit != "fraction" && unit != "tokens") {
     fail(ErrorKind::kInvalidFile, "{}: unit '{}' (expected 'fraction' or 'tokens')", source, unit);
   }
-  BudgetPlan plan(shape, int_field(j, "num_groups", source),
-                  unit == "fraction" ? Unit::kFraction : Unit::kTokens);
-  plan.sink_tokens = int_field(j, "sink_tokens", source);
-  plan.recent_tokens = int_field(j, "recent_tokens", source);
-  if (plan.sink_tokens < 0 || plan.recent_tokens < 0) {
-    fail(ErrorKind::kInvalidFile, "{}: sink_tokens and recent_tokens must be >= 0", source);
-  }
+  const int num_groups = int_field(j, "num_groups", source, model_limits::kExperts);
+  // The budgets' shape is checked before the plan is sized from the model's, so that the plan
+  // holds no more numbers than the file does.
   const json& budgets = field(j, "budgets", source);
-  if (!budgets.is_array() || static_cast<int>(budgets.size()) != plan.num_layers_) {
-    fail(ErrorKind::kInvalidFile, "{}: budgets must list {} layers", source, plan.num_layers_);
+  if (!budgets.is_array() || static_cast<int>(budgets.size()) != shape.num_layers) {
+    fail(ErrorKind::kInvalidFile, "{}: budgets must list {} layers", source, shape.num_layers);
   }
-  for (int l = 0; l < plan.num_layers_; ++l) {
+  for (int l = 0; l < shape.num_layers; ++l) {
     const json& heads = budgets[l];
-    if (!heads.is_array() || static_cast<int>(heads.size()) != plan.num_kv_heads_) {
+    if (!heads.is_array() || static_cast<int>(heads.size()) != shape.num_kv_heads) {
       fail(ErrorKind::kInvalidFile, "{}: budgets[{}] must list {} KV heads", source, l,
-           plan.num_kv_heads_);
+           shape.num_kv_heads);
     }
-    for (int h = 0; h < plan.num_kv_heads_; ++h) {
-      const json& groups = heads[h];
-      if (!groups.is_array() || static_cast<int>(groups.size()) != plan.num_groups_) {
+    for (int h = 0; h < shape.num_kv_heads; ++h) {
+      if (!heads[h].is_array() || static_cast<int>(heads[h].size()) != num_groups) {
         fail(ErrorKind::kInvalidFile, "{}: budgets[{}][{}] must list {} groups", source, l, h,
-             plan.num_groups_);
+             num_groups);
       }
+    }
+  }
+  BudgetPlan plan(shape, num_groups, unit == "fraction" ? Unit::kFraction : Unit::kTokens);
+  plan.sink_tokens = int_field(j, "sink_tokens", source, kMaxInt);
+  plan.recent_tokens = int_field(j, "recent_tokens", source, kMaxInt);
+  for (int l = 0; l < plan.num_layers_; ++l) {
+    for (int h = 0; h < plan.num_kv_heads_; ++h) {
+      const json& groups = budgets[l][h];
       for (int g = 0; g < plan.num_groups_; ++g) {
         if (!groups[g].is_number()) {
           fail(ErrorKind::kInvalidFile, "{}: budgets[{}][{}][{}] is not a number", source, l, h, g);

@@ -1,10 +1,13 @@
 #include "roofline/measured.h"
 
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <set>
 
 #include "core/error.h"
 #include "io/json_file.h"
+#include "io/model_limits.h"
 
 namespace ekva {
 namespace {
@@ -21,11 +24,13 @@ bool row_matches(const OperatorCost& row, const std::string& name) {
   return op == name;
 }
 
-int64_t integer_field(const json& e, const char* key, const std::string& where, int64_t min) {
+int64_t integer_field(const json& e, const char* key, const std::string& where, int64_t min,
+                      int64_t max) {
   const json& v = e[key];
-  if (!v.is_number_integer() || v.get<int64_t>() < min) {
-    fail(ErrorKind::kInvalidFile, "{}: '{}' must be an integer >= {}, got {}", where, key, min,
-         json_excerpt(v));
+  if (!v.is_number_integer() || v.get<int64_t>() < min || v.get<int64_t>() > max ||
+      (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(max))) {
+    fail(ErrorKind::kInvalidFile, "{}: '{}' must be an integer in [{}, {}], got {}", where, key,
+         min, max, json_excerpt(v));
   }
   return v.get<int64_t>();
 }
@@ -76,9 +81,12 @@ MeasuredTimes load_measured_times(const std::filesystem::path& path) {
       fail(ErrorKind::kInvalidFile, "{}: 'time_s' must be a positive number", where);
     }
     op.time_s = e["time_s"].get<double>();
-    if (e.contains("layer")) op.layer = static_cast<int>(integer_field(e, "layer", where, 0));
-    if (e.contains("batch")) op.batch = integer_field(e, "batch", where, 1);
-    if (e.contains("context")) op.context = integer_field(e, "context", where, 1);
+    constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+    if (e.contains("layer")) {
+      op.layer = static_cast<int>(integer_field(e, "layer", where, 0, model_limits::kLayers - 1));
+    }
+    if (e.contains("batch")) op.batch = integer_field(e, "batch", where, 1, kMax);
+    if (e.contains("context")) op.context = integer_field(e, "context", where, 1, kMax);
     if (e.contains("phase")) {
       if (!e["phase"].is_string())
         fail(ErrorKind::kInvalidFile, "{}: 'phase' must be a string", where);

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "io/model_limits.h"
 #include "tokenizer/utf8.h"
 
 namespace ekva::tokenizer_json {
@@ -30,9 +31,8 @@ inline const nlohmann::json& required_array(const nlohmann::json& spec, const ch
   return v;
 }
 
-// Token ids index tables sized by the largest id, so they are bounded well above any real
-// vocabulary (the largest released ones hold about 2^18 tokens).
-inline constexpr int64_t kMaxTokenId = (int64_t{1} << 24) - 1;
+// Token ids index tables sized by the largest id, so they are bounded like a model's vocabulary.
+inline constexpr int64_t kMaxTokenId = model_limits::kVocab - 1;
 
 inline int32_t token_id(const nlohmann::json& value, const std::string& where) {
   if (!value.is_number_integer() || value.get<int64_t>() < 0 ||

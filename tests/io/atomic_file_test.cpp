@@ -53,5 +53,56 @@ TEST_F(AtomicFileTest, AMissingDirectoryIsAnIoErrorNamingThePath) {
   EXPECT_FALSE(fs::exists(p));
 }
 
+TEST_F(AtomicFileTest, AResultSetIsWrittenAllOrNothing) {
+  const fs::path out = dir_ / "results";
+  fs::create_directories(out / "results.csv");  // the second file cannot be written
+  EXPECT_THROW(write_files_atomically(out, {{"results.json", "{}"}, {"results.csv", "a,b"}}),
+               Error);
+  EXPECT_FALSE(fs::exists(out / "results.json"));
+  EXPECT_FALSE(fs::exists(out / "results.json.tmp"));
+  fs::remove(out / "results.csv");
+  write_files_atomically(out, {{"results.json", "{}"}, {"results.csv", "a,b"}});
+  EXPECT_EQ(contents(out / "results.json"), "{}");
+  EXPECT_EQ(contents(out / "results.csv"), "a,b");
+}
+
+TEST_F(AtomicFileTest, OutputLocationsAreCheckedWithTheOsReason) {
+  const auto error_of = [](const std::function<void()>& check) -> std::string {
+    try {
+      check();
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kIo);
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(error_of([&] { check_output_file(dir_ / "stats.json"); }), "");
+  EXPECT_EQ(error_of([&] { check_output_directory(dir_ / "new" / "deeper"); }), "");
+  EXPECT_NE(error_of([&] { check_output_file(dir_); }).find("it is a directory"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              check_output_file(dir_ / "missing" / "stats.json");
+            }).find("is not a directory"),
+            std::string::npos);
+  std::ofstream(dir_ / "file") << "x";
+  EXPECT_NE(error_of([&] { check_output_directory(dir_ / "file"); }).find("is not a directory"),
+            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { check_output_directory(dir_ / "file" / "sub"); }).find("is not a directory"),
+      std::string::npos);
+  EXPECT_NE(error_of([&] {
+              check_output_file(dir_ / std::string(5000, 'a'));
+            }).find("File name too long"),
+            std::string::npos);
+  if (::geteuid() != 0) {  // root writes anywhere
+    fs::create_directories(dir_ / "ro");
+    fs::permissions(dir_ / "ro", fs::perms::owner_read | fs::perms::owner_exec);
+    EXPECT_NE(
+        error_of([&] { check_output_file(dir_ / "ro" / "stats.json"); }).find("Permission denied"),
+        std::string::npos);
+    fs::permissions(dir_ / "ro", fs::perms::owner_all);
+  }
+}
+
 }  // namespace
 }  // namespace ekva

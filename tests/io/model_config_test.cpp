@@ -4,6 +4,7 @@
 
 #include "backend/cpu/ops.h"
 #include "core/error.h"
+#include "io/json_file.h"
 
 namespace ekva {
 namespace {
@@ -129,6 +130,101 @@ TEST(ModelConfig, RopeScalingVariants) {
   s = parse_model_config(j, "cfg");
   EXPECT_EQ(s.rope.scaling, RopeScaling::kYarn);
   EXPECT_NEAR(s.rope.attention_factor, 0.1 * std::log(4.0) + 1.0, 1e-12);
+}
+
+// What parse_model_config says about `j`, or "" when it accepts it.
+std::string config_error(const json& j) {
+  try {
+    parse_model_config(j, "config.json");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ModelConfig, FieldsOfTheWrongJsonTypeAreNamedErrors) {
+  const std::vector<std::pair<const char*, json>> cases = {
+      {"eos_token_id", json::parse(R"(["a"])")},
+      {"eos_token_id", json::parse("[null]")},
+      {"mlp_only_layers", "x"},
+      {"rope_parameters", "x"},
+      {"rope_scaling", json::array({1})},
+  };
+  for (const auto& [key, value] : cases) {
+    json j = mixtral_v4();
+    if (std::string(key) == "mlp_only_layers") {
+      j["model_type"] = "qwen3_moe";
+      j["moe_intermediate_size"] = 64;
+    }
+    j[key] = value;
+    const std::string error = config_error(j);
+    EXPECT_NE(error.find(std::string("config.json: field '") + key), std::string::npos)
+        << key << ": " << error;
+  }
+}
+
+TEST(ModelConfig, IntegersAreNeverNarrowed) {
+  // 2^32 + 211 must not read as 211, nor 2^31 as a negative number.
+  for (const char* key : {"vocab_size", "hidden_size", "num_hidden_layers", "num_local_experts",
+                          "num_attention_heads", "max_position_embeddings"}) {
+    for (const uint64_t value : {uint64_t{4294967507}, uint64_t{2147483648}, ~uint64_t{0}}) {
+      json j = mixtral_v4();
+      j[key] = value;
+      const std::string error = config_error(j);
+      EXPECT_NE(error.find(std::string("field '") + key + "' must be in [1, "), std::string::npos)
+          << key << " = " << value << ": " << error;
+    }
+  }
+  json j = mixtral_v4();
+  j["eos_token_id"] = json::array({2, 4294967298});
+  EXPECT_NE(config_error(j).find("eos_token_id[1]"), std::string::npos);
+}
+
+TEST(ModelConfig, ShapesBeyondTheLimitsAreRefusedBeforeAnythingIsSized) {
+  json j = mixtral_v4();
+  j["num_hidden_layers"] = 2147483647;
+  EXPECT_NE(config_error(j).find("num_hidden_layers"), std::string::npos);
+  j = mixtral_v4();
+  j["num_attention_heads"] = 1 << 20;
+  j["num_key_value_heads"] = 1 << 20;
+  EXPECT_NE(config_error(j).find("num_attention_heads"), std::string::npos);
+  j = mixtral_v4();
+  j["head_dim"] = 1 << 30;
+  EXPECT_NE(config_error(j).find("head_dim"), std::string::npos);
+}
+
+TEST(ModelConfig, NonFiniteOrNonPositiveNumbersAreRefused) {
+  const std::vector<std::pair<const char*, json>> cases = {
+      {"rope_theta", 0}, {"rope_theta", -1}, {"rms_norm_eps", -1}, {"rms_norm_eps", 0}};
+  for (const auto& [key, value] : cases) {
+    json j = mixtral_v4();
+    j[key] = value;
+    EXPECT_NE(config_error(j).find(std::string("field '") + key + "' must be a finite number"),
+              std::string::npos)
+        << key << " = " << value;
+  }
+  // JSON has no NaN, but 1e999 parses as infinity.
+  json j = parse_json(R"({"rope_theta": 1e999})", "t");
+  json config = mixtral_v4();
+  config["rope_theta"] = j["rope_theta"];
+  EXPECT_NE(config_error(config).find("rope_theta"), std::string::npos);
+  config = mixtral_v4();
+  config["rope_scaling"] = {{"rope_type", "linear"}, {"factor", -2.0}};
+  EXPECT_NE(config_error(config).find("'factor' must be a finite number above 0"),
+            std::string::npos);
+}
+
+TEST(ModelConfig, DeeplyNestedRopeParametersAreRefusedAtParse) {
+  const std::string text = R"({"model_type": "mixtral", "rope_parameters": {"x": )" +
+                           std::string(200000, '[') + std::string(200000, ']') + "}}";
+  try {
+    parse_json(text, "config.json");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidFile);
+    EXPECT_NE(std::string(e.what()).find("config.json: JSON nested deeper than 64 levels"),
+              std::string::npos);
+  }
 }
 
 }  // namespace

@@ -87,6 +87,22 @@ TEST_F(SafetensorsTest, RejectsSizeThatDisagreesWithShape) {
   EXPECT_NE(error_of(p).find("needs 12"), std::string::npos);
 }
 
+TEST_F(SafetensorsTest, RejectsAByteCountThatWrapsAround) {
+  // 2^61 I64 elements are 2^64 bytes, which wrap to 0: the empty range must not match.
+  const auto p =
+      raw(R"({"a":{"dtype":"I64","shape":[2305843009213693952],"data_offsets":[0,0]}})", 0);
+  EXPECT_NE(error_of(p).find("more than the file holds"), std::string::npos);
+  // [1, 2^61 + 2] I64 elements wrap to 16 bytes.
+  const auto q = raw(
+      R"({"input_ids":{"dtype":"I64","shape":[1,2305843009213693954],"data_offsets":[0,16]}})", 16);
+  EXPECT_NE(error_of(q).find("more than the file holds"), std::string::npos);
+}
+
+TEST_F(SafetensorsTest, RejectsDeeplyNestedHeader) {
+  const std::string header = "{\"__metadata__\":" + std::string(100000, '[');
+  EXPECT_NE(error_of(raw(header, 0)).find("nested deeper than"), std::string::npos);
+}
+
 TEST_F(SafetensorsTest, RejectsUnknownDtype) {
   const auto p = raw(R"({"a":{"dtype":"F8_E4M3","shape":[2],"data_offsets":[0,2]}})", 2);
   EXPECT_NE(error_of(p).find("F8_E4M3"), std::string::npos);

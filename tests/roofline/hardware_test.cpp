@@ -99,6 +99,14 @@ TEST(Hardware, PerCallLatencyAddsToTheRooflineTime) {
   EXPECT_DOUBLE_EQ(hw.latency(OperatorKind::kQkvProj, true), 0.0);
 }
 
+TEST(Hardware, ErrorsQuoteOnlyAnExcerptOfTheValue) {
+  json j = minimal_gpu();
+  j["memory_gib"] = json::array({std::string(1 << 20, '9')});
+  const std::string error = rejection(j);
+  EXPECT_NE(error.find("'memory_gib' must be a positive number, got [\"999"), std::string::npos);
+  EXPECT_LT(error.size(), 200u);
+}
+
 TEST(Hardware, MalformedFilesAreRejectedNamingTheField) {
   json j = minimal_gpu();
   j.erase("memory_bandwidth_gbps");

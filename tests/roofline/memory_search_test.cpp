@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "core/error.h"
 #include "io/model_config.h"
 #include "roofline/memory_model.h"
@@ -56,6 +58,30 @@ TEST(MemoryModel, LargestBatchIsTheLastThatFits) {
   EXPECT_GE(compressed, 4 * largest - 4);
   // Mixtral does not fit a 24 GiB card at all.
   EXPECT_EQ(max_batch(s, find_hardware("rtx-4090"), decode(1, 1024), MemoryOptions{}), 0);
+}
+
+TEST(MemoryModel, NonFiniteOptionsAreRefused) {
+  // `roofline --workspace-gib nan` passed a check written as "< 0".
+  const ModelSpec s = mixtral();
+  const HardwareSpec hw = find_hardware("h200");
+  const Workload w = decode(1, 1024);
+  for (const double bytes : {std::nan(""), HUGE_VAL, -1.0}) {
+    MemoryOptions o;
+    o.workspace_bytes = bytes;
+    EXPECT_THROW(memory_use(s, hw, w, predict_step(s, hw, w), o), Error) << bytes;
+    o = MemoryOptions{};
+    o.capacity_bytes = bytes;
+    EXPECT_THROW(memory_use(s, hw, w, predict_step(s, hw, w), o), Error) << bytes;
+  }
+}
+
+TEST(Search, NonFiniteKneeThresholdIsRefused) {
+  const ModelSpec s = mixtral();
+  SearchOptions options;
+  options.knee_threshold = std::nan("");
+  EXPECT_THROW(search_kv_budget(s, find_hardware("h200"), decode(1, 4096),
+                                {TargetKind::kMemoryCap, 100 * kGiB}, options),
+               Error);
 }
 
 TEST(Search, MemoryCapPicksTheBudgetAndTheKnee) {

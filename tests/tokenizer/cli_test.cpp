@@ -94,6 +94,13 @@ TEST_F(TokenizerCli, BadInputFailsClearly) {
   r = ekva("detokenize " + tokenizer, "[1, \"two\"]");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("element 1 (\"two\") is not a token id"), std::string::npos) << r.err;
+  r = ekva("detokenize " + tokenizer, std::string(300000, '['));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("stdin: JSON nested deeper than 64 levels"), std::string::npos) << r.err;
+  r = ekva("detokenize " + tokenizer, "[1, [\"" + std::string(100000, 'x') + "\"]]");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("element 1 ([\"xxx"), std::string::npos) << r.err;
+  EXPECT_LT(r.err.size(), 300u);
   r = ekva("detokenize " + tokenizer, "[1, 100000000]");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("token id 100000000 at index 1"), std::string::npos) << r.err;

@@ -1,9 +1,12 @@
 // Invalid input and malformed tokenizer files give errors that say what and where.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "core/error.h"
 #include "io/json_file.h"
@@ -205,6 +208,48 @@ TEST(TokenizerErrors, TokenizerConfigNamingAnUnknownToken) {
   std::ofstream(dir.path() / "tokenizer_config.json") << R"({"add_bos_token": "yes"})";
   expect_error([&] { load_tokenizer(dir.path()); }, ErrorKind::kInvalidFile,
                "add_bos_token: expected true or false");
+}
+
+TEST(TokenizerErrors, TokenIdsAreBoundedBeforeTablesAreSized) {
+  // An id of 2^31 - 1 sized a table of 2^31 entries (and overflowed computing it).
+  for (const auto& edit : std::vector<std::function<void(nlohmann::json&)>>{
+           [](auto& j) { j["model"]["vocab"]["a"] = 2147483647; },
+           [](auto& j) {
+             j["added_tokens"] = {{{"id", 2147483647}, {"content", "<x>"}}};
+           },
+           [](auto& j) {
+             j["post_processor"] = {
+                 {"type", "BertProcessing"}, {"cls", {"a", 4294967296}}, {"sep", {"a", 0}}};
+           }}) {
+    TempDir dir;
+    nlohmann::json j = minimal_tokenizer();
+    edit(j);
+    expect_error([&] { load_tokenizer(write_json(dir, j)); }, ErrorKind::kInvalidFile,
+                 "expected a token id in [0, 16777215]");
+  }
+}
+
+TEST(TokenizerErrors, DeeplyNestedSequencesAreRefusedAtParse) {
+  // A Sequence normalizer nested 20,000 deep took 3 GB; 40,000 overflowed the stack.
+  std::string normalizer;
+  for (int i = 0; i < 40000; ++i) normalizer += R"({"type": "Sequence", "normalizers": [)";
+  TempDir dir;
+  const fs::path path = dir.path() / "tokenizer.json";
+  std::ofstream(path) << R"({"model": {}, "normalizer": )" << normalizer;
+  expect_error([&] { load_tokenizer(path); }, ErrorKind::kInvalidFile,
+               "JSON nested deeper than 64 levels");
+}
+
+TEST(TokenizerErrors, EncodePrefixKeepsTheIdsOfTheWholeText) {
+  const auto tokenizer = load_tokenizer(fixture("allenai_dolma2.json"));
+  std::string text;
+  for (int i = 0; i < 2000; ++i) text += "Paragraph " + std::to_string(i) + ": some words here.\n";
+  const std::vector<int32_t> all = tokenizer->encode(text, false);
+  for (const size_t n : {size_t{0}, size_t{1}, size_t{500}, all.size() - 10, all.size() + 10}) {
+    const std::vector<int32_t> prefix = encode_prefix(*tokenizer, text, n);
+    ASSERT_EQ(prefix.size(), std::min(n, all.size()));
+    EXPECT_TRUE(std::equal(prefix.begin(), prefix.end(), all.begin())) << n;
+  }
 }
 
 }  // namespace
