@@ -88,6 +88,10 @@ void write_files_atomically(const fs::path& dir,
   try {
     for (const auto& file : name_and_text) {
       const fs::path path = dir / file.first;
+      // A directory in the way would fail its rename after others had been renamed.
+      if (fs::is_directory(path, ec)) {
+        fail(ErrorKind::kIo, "{}: cannot write: it is a directory", path.string());
+      }
       write_temporary(path, temporary_name(path), [&](std::ostream& out) { out << file.second; });
       written.push_back(path);
     }
@@ -95,7 +99,7 @@ void write_files_atomically(const fs::path& dir,
     for (const fs::path& path : written) fs::remove(temporary_name(path), ec);
     throw;
   }
-  // Renames within one directory fail only if the directory changes under us.
+  // Renames of files within one directory fail only if the directory changes under us.
   for (const fs::path& path : written) rename_into_place(temporary_name(path), path);
 }
 

@@ -37,7 +37,7 @@ class ConfigReader {
   int integer_or(const char* key, int64_t min, int64_t max, int fallback) const {
     return has(key) ? integer_value(key, j_[key], min, max) : fallback;
   }
-  // A finite number above `above` (JSON cannot hold NaN, but 1e999 parses as infinity).
+  // A finite number above `above`.
   double number_or(const char* key, double above, double fallback) const {
     if (!has(key)) return fallback;
     const json& v = j_[key];

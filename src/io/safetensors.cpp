@@ -110,8 +110,8 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : file_(path
     if ((end - begin) % element_bytes != 0 || (end - begin) / element_bytes != numel) {
       fail(ErrorKind::kInvalidFile, "{}: tensor '{}' has {} bytes but shape {} of {} needs {}", f,
            name, end - begin, t.shape_string(), dtype_name(t.dtype),
-           numel > data_size / element_bytes ? "more than the file holds"
-                                             : std::to_string(numel * element_bytes));
+           numel > UINT64_MAX / element_bytes ? "2^64 or more"
+                                              : std::to_string(numel * element_bytes));
     }
     t.data = base + begin;
     t.bytes = end - begin;

@@ -55,12 +55,15 @@ TEST_F(AtomicFileTest, AMissingDirectoryIsAnIoErrorNamingThePath) {
 
 TEST_F(AtomicFileTest, AResultSetIsWrittenAllOrNothing) {
   const fs::path out = dir_ / "results";
-  fs::create_directories(out / "results.csv");  // the second file cannot be written
-  EXPECT_THROW(write_files_atomically(out, {{"results.json", "{}"}, {"results.csv", "a,b"}}),
-               Error);
-  EXPECT_FALSE(fs::exists(out / "results.json"));
-  EXPECT_FALSE(fs::exists(out / "results.json.tmp"));
-  fs::remove(out / "results.csv");
+  // The second file cannot be written: its temporary name is taken, or a directory is in the way.
+  for (const char* blocked : {"results.csv.tmp", "results.csv"}) {
+    fs::create_directories(out / blocked);
+    EXPECT_THROW(write_files_atomically(out, {{"results.json", "{}"}, {"results.csv", "a,b"}}),
+                 Error);
+    EXPECT_FALSE(fs::exists(out / "results.json")) << blocked;
+    EXPECT_FALSE(fs::exists(out / "results.json.tmp")) << blocked;
+    fs::remove(out / blocked);
+  }
   write_files_atomically(out, {{"results.json", "{}"}, {"results.csv", "a,b"}});
   EXPECT_EQ(contents(out / "results.json"), "{}");
   EXPECT_EQ(contents(out / "results.csv"), "a,b");
