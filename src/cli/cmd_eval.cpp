@@ -76,6 +76,7 @@ int run_eval(const EvalArgs& a) {
   };
   const std::vector<TaskScore> scores = evaluate_tasks(*model, *tokenizer, options);
   const std::vector<IsoQualityRow> iso = iso_quality(scores, kIsoShares);
+  const std::vector<PairedRow> paired = paired_comparisons(scores);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
@@ -90,10 +91,14 @@ int run_eval(const EvalArgs& a) {
                                  {"ppl_tokens", a.ppl_tokens},
                                  {"wall_seconds", seconds},
                                  {"results", results},
-                                 {"iso_quality", iso_quality_json(iso)}};
+                                 {"iso_quality", iso_quality_json(iso)},
+                                 {"paired", paired_json(paired)}};
   if (!a.out.empty()) {
     std::vector<std::pair<std::string, std::string>> files = {
-        {"results.json", report.dump(2) + "\n"}, {"results.csv", results_csv(scores)}};
+        {"results.json", report.dump(2) + "\n"},
+        {"results.csv", results_csv(scores)},
+        {"paired.csv", paired_csv(paired)},
+        {"paired.md", paired_markdown(paired)}};
     for (const auto& task : options.tasks) {
       files.emplace_back(fmt::format("chart-{}.svg", task.name()),
                          score_chart_svg(std::string(task.name()), scores));
@@ -117,6 +122,10 @@ int run_eval(const EvalArgs& a) {
   for (size_t i = 0; i + 1 < iso.size(); i += 2) {
     fmt::print("{:<18} {:<19} {:<40} {}\n", iso[i].task, iso[i].policy, iso_cell(iso[i]),
                iso_cell(iso[i + 1]));
+  }
+  if (!paired.empty()) {
+    fmt::print("\npaired against the best expert-blind policy (exact McNemar; ppl: sign test):\n{}",
+               paired_markdown(paired));
   }
   fmt::print("\nwall time {:.1f} s{}\n", seconds,
              a.out.empty() ? "" : fmt::format("; wrote {}", a.out));
@@ -145,7 +154,11 @@ void add_eval(CLI::App& app, Action& action) {
       ->check(CLI::Range(64, 1 << 24));
   cmd->add_option("--samples", a->samples, "Instances (ppl: held-out windows) per task")
       ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--seed", a->seed, "Seed of the instance set (777001: the shipped eval set)");
+  cmd->add_option(
+      "--seed", a->seed,
+      fmt::format("Seed of the instance set ({}: dev, tune on it; {}: test; 777001: the "
+                  "first sweeps)",
+                  kDevSeed, kTestSeed));
   cmd->add_option("--mode", a->mode,
                   "aware: compress after context and question; agnostic: compress the context, "
                   "then stream the question with eviction")
