@@ -8,6 +8,8 @@
 #include "eval/evaluate.h"
 #include "eval/report.h"
 #include "eval/repository.h"
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
 
 namespace ekva {
 namespace {
