@@ -5,7 +5,7 @@
 #include <filesystem>
 
 #include "budget/calibration.h"
-#include "model/forward.h"
+#include "engine/engine.h"
 
 namespace ekva {
 namespace {
@@ -33,10 +33,9 @@ void BM_PlainForward(benchmark::State& state) {
   const auto data = chunks(2, static_cast<int>(state.range(0)));
   for (auto _ : state) {
     for (const auto& chunk : data) {
-      KvCache cache(model().spec(), 1);
       ForwardBatch b;
       for (size_t i = 0; i < chunk.size(); ++i) b.add(chunk[i], 0, static_cast<int32_t>(i));
-      benchmark::DoNotOptimize(Forward(model(), cache).run(b));
+      benchmark::DoNotOptimize(Engine(model()).step(b));
     }
   }
   state.counters["tokens_per_s"] =

@@ -23,10 +23,23 @@ ModelSpec attention_shape() {
   s.head_dim = kHeadDim;
   s.num_experts = 8;
   s.top_k = 2;
+  s.max_position = 1 << 16;
   return s;
 }
 
-void fill(KvCache& cache, int tokens, std::mt19937& rng) {
+// The host KV cache: the layout and its pages, as the CPU backend holds them.
+struct HostCache {
+  explicit HostCache(const ModelSpec& spec) : layout(spec, 1), pages(layout) {}
+  void append(int h, const float* k, const float* v, TokenMeta m) {
+    const int slot = layout.append(0, 0, h, m);
+    pages.reserve(layout);
+    pages.write(layout.address(layout.table(0, 0, h), slot), k, v);
+  }
+  KvLayout layout;
+  KvPages pages;
+};
+
+void fill(HostCache& cache, int tokens, std::mt19937& rng) {
   std::normal_distribution<float> normal;
   std::vector<float> k(kHeadDim), v(kHeadDim);
   for (int p = 0; p < tokens; ++p) {
@@ -37,10 +50,10 @@ void fill(KvCache& cache, int tokens, std::mt19937& rng) {
       m.position = p;
       m.expert = static_cast<int16_t>(rng() % 8);
       m.score = std::abs(normal(rng));
-      cache.append(0, 0, h, k.data(), v.data(), m);
+      cache.append(h, k.data(), v.data(), m);
     }
   }
-  cache.advance(0, tokens);
+  cache.layout.advance(0, tokens);
 }
 
 // One decode step: append a token per KV head, attend (optionally scoring), optionally evict.
@@ -51,39 +64,45 @@ void BM_DecodeStep(benchmark::State& state) {
   const bool bookkeeping = state.range(0) != 0;
   const ModelSpec spec = attention_shape();
   std::mt19937 rng(3);
-  KvCache cache(spec, 1);
+  HostCache cache(spec);
   fill(cache, kContext, rng);
   PolicyOptions o;
   o.name = policy_name;
   o.budget = 0.25;
   KvPolicy policy(o, spec);
-  policy.compress(cache, 0, kContext);  // full keeps 16k; the others keep 4k per KV head
+  apply_on_host(policy.compress(cache.layout, 0, kContext), cache.layout,
+                cache.pages);  // full keeps 16k; the others keep 4k per KV head
   std::vector<float> q(kQHeads * kHeadDim), out(q.size()), k(kHeadDim, 0.1f), v(kHeadDim, 0.1f);
   std::normal_distribution<float> normal;
   for (auto& x : q) x = normal(rng);
   double attention_s = 0, bookkeeping_s = 0;
   for (auto _ : state) {
-    const int32_t seq = 0, pos = cache.next_position(0);
+    const int32_t seq = 0, pos = cache.layout.next_position(0);
     for (int h = 0; h < kKvHeads; ++h) {
       TokenMeta m;
       m.position = pos;
       m.expert = static_cast<int16_t>(pos % 8);
-      cache.append(0, 0, h, k.data(), v.data(), m);
+      cache.append(h, k.data(), v.data(), m);
     }
-    cache.advance(0, 1);
+    cache.layout.advance(0, 1);
     const uint8_t score = bookkeeping ? 1 : 0;
     auto t0 = std::chrono::steady_clock::now();
-    cpu::attention(cache, 0, q.data(), &seq, &pos, 1, kQHeads, out.data(), &score);
+    cpu::attention(cache.layout, cache.pages, 0, q.data(), &seq, &pos, 1, kQHeads, out.data(),
+                   &score);
     auto t1 = std::chrono::steady_clock::now();
-    policy.evict(cache, 0);
+    apply_on_host(policy.evict(cache.layout, 0), cache.layout, cache.pages);
     auto t2 = std::chrono::steady_clock::now();
     attention_s += std::chrono::duration<double>(t1 - t0).count();
     bookkeeping_s += std::chrono::duration<double>(t2 - t1).count();
     if (!bookkeeping) {  // full: keep the table at 16k so every step measures the same work
-      for (int h = 0; h < kKvHeads; ++h) cache.evict(0, 0, h, cache.table(0, 0, h).size() - 1);
+      for (int h = 0; h < kKvHeads; ++h) {
+        std::vector<uint8_t> last(cache.layout.table(0, 0, h).size(), 0);
+        last.back() = 1;
+        cache.pages.move_rows(cache.layout.evict_flagged(0, 0, h, last));
+      }
     }
   }
-  state.counters["retained_per_head"] = cache.table(0, 0, 0).size();
+  state.counters["retained_per_head"] = cache.layout.table(0, 0, 0).size();
   state.counters["attention_us"] = 1e6 * attention_s / state.iterations();
   state.counters["evict_us"] = 1e6 * bookkeeping_s / state.iterations();
 }
@@ -93,34 +112,37 @@ void BM_DecodeStep(benchmark::State& state) {
 void BM_AttentionOnly(benchmark::State& state) {
   const ModelSpec spec = attention_shape();
   std::mt19937 rng(3);
-  KvCache cache(spec, 1);
+  HostCache cache(spec);
   fill(cache, static_cast<int>(state.range(0)), rng);
   std::vector<float> q(kQHeads * kHeadDim), out(q.size());
   std::normal_distribution<float> normal;
   for (auto& x : q) x = normal(rng);
-  const int32_t seq = 0, pos = cache.next_position(0);
+  const int32_t seq = 0, pos = cache.layout.next_position(0);
   const uint8_t score = static_cast<uint8_t>(state.range(1));
-  for (auto _ : state)
-    cpu::attention(cache, 0, q.data(), &seq, &pos, 1, kQHeads, out.data(), &score);
+  for (auto _ : state) {
+    cpu::attention(cache.layout, cache.pages, 0, q.data(), &seq, &pos, 1, kQHeads, out.data(),
+                   &score);
+  }
 }
 
 void BM_BytesPerRetainedToken(benchmark::State& state) {
   const ModelSpec spec = attention_shape();
   const int budget = static_cast<int>(state.range(0));
   std::mt19937 rng(5);
-  KvCache cache(spec, 1);
+  HostCache cache(spec);
   fill(cache, kContext, rng);
   PolicyOptions o;
   o.name = "ekva";
   o.budget = budget;
   KvPolicy policy(o, spec);
-  for (auto _ : state) benchmark::DoNotOptimize(cache.kv_bytes_in_use());
-  policy.compress(cache, 0, kContext);
+  for (auto _ : state) benchmark::DoNotOptimize(cache.layout.kv_bytes_in_use());
+  apply_on_host(policy.compress(cache.layout, 0, kContext), cache.layout, cache.pages);
   const double ideal = 2.0 * kHeadDim * sizeof(float);
   state.counters["kv_bytes_per_token_vs_ideal"] =
-      cache.kv_bytes_in_use() / (ideal * cache.retained_tokens());
+      cache.layout.kv_bytes_in_use() / (ideal * cache.layout.retained_tokens());
   state.counters["with_metadata_vs_ideal"] =
-      (cache.kv_bytes_in_use() + cache.metadata_bytes_in_use()) / (ideal * cache.retained_tokens());
+      (cache.layout.kv_bytes_in_use() + cache.layout.metadata_bytes_in_use()) /
+      (ideal * cache.layout.retained_tokens());
 }
 
 }  // namespace

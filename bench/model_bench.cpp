@@ -12,8 +12,8 @@
 #include <memory>
 #include <vector>
 
+#include "engine/engine.h"
 #include "io/safetensors.h"
-#include "model/forward.h"
 
 namespace ekva {
 namespace {
@@ -105,25 +105,24 @@ void BM_Copy(benchmark::State& state) {
 void BM_Decode(benchmark::State& state) {
   const Model& m = model();
   const int context = static_cast<int>(state.range(0));
-  KvCache cache(m.spec(), 1);
-  Forward forward(m, cache);
+  Engine engine(m);
   ForwardBatch prompt;
   for (int t = 0; t < context; ++t) prompt.add(1 + t % 1000, 0, t);
   prompt.logit_rows = {context - 1};
-  forward.run(prompt);
+  engine.step(prompt);
   int32_t token = 7;
   double seconds = 0.0;
   for (auto _ : state) {
     ForwardBatch step;
-    step.add(token, 0, cache.next_position(0));
+    step.add(token, 0, engine.layout().next_position(0));
     const auto t0 = std::chrono::steady_clock::now();
-    const std::vector<float> logits = forward.run(step);
+    const std::vector<float> logits = engine.step(step);
     seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     token = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     state.PauseTiming();
-    if (cache.next_position(0) + 1 >= m.spec().max_position) {  // stay within the context
-      cache.clear_sequence(0);
-      forward.run(prompt);
+    if (engine.layout().next_position(0) + 1 >= m.spec().max_position) {  // stay in the context
+      engine.clear(0);
+      engine.step(prompt);
     }
     state.ResumeTiming();
   }
@@ -144,8 +143,7 @@ void BM_Prefill(benchmark::State& state) {
   for (int t = 0; t < tokens; ++t) prompt.add(1 + t % 1000, 0, t);
   prompt.logit_rows = {tokens - 1};
   for (auto _ : state) {
-    KvCache cache(m.spec(), 1);
-    benchmark::DoNotOptimize(Forward(m, cache).run(prompt));
+    benchmark::DoNotOptimize(Engine(m).step(prompt));
   }
   state.counters["tokens_per_s"] = benchmark::Counter(
       static_cast<double>(tokens) * state.iterations(), benchmark::Counter::kIsRate);

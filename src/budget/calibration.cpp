@@ -6,8 +6,9 @@
 
 #include "backend/cpu/ops.h"
 #include "core/error.h"
+#include "engine/engine.h"
+#include "engine/loss.h"
 #include "io/json_file.h"
-#include "model/forward.h"
 
 namespace ekva {
 namespace {
@@ -34,8 +35,9 @@ class StatsObserver : public ForwardObserver {
     stats_.output_norm[stats_.le(layer, expert)] += sum;
   }
 
-  void on_layer_routed(int layer, const ForwardBatch& batch, const KvCache& cache, const float* q,
-                       const int32_t* experts, const float* gates, int top_k) override {
+  void on_layer_routed(int layer, const ForwardBatch& batch, const KvLayout& layout,
+                       const KvPages& pages, const float* q, const int32_t* experts,
+                       const float* gates, int top_k) override {
     const int E = spec_.num_experts, n = batch.size();
     for (int t = 0; t < n; ++t) {
       const int32_t* ex = experts + static_cast<size_t>(t) * top_k;
@@ -49,13 +51,13 @@ class StatsObserver : public ForwardObserver {
         }
       }
     }
-    attention_stats(layer, batch, cache, q, experts, top_k);
+    attention_stats(layer, batch, layout, pages, q, experts, top_k);
   }
 
  private:
   // Recomputes the attention of the observation queries now that every key's expert is known.
-  void attention_stats(int layer, const ForwardBatch& batch, const KvCache& cache, const float* q,
-                       const int32_t* experts, int top_k) {
+  void attention_stats(int layer, const ForwardBatch& batch, const KvLayout& layout,
+                       const KvPages& pages, const float* q, const int32_t* experts, int top_k) {
     const int H = spec_.num_kv_heads, group = spec_.num_heads / H, d = spec_.head_dim,
               E = spec_.num_experts;
 #pragma omp parallel for schedule(dynamic, 1)
@@ -63,7 +65,7 @@ class StatsObserver : public ForwardObserver {
       std::vector<float> w, p;
       std::vector<std::vector<float>> by_expert(E);
       for (int t = 0; t < batch.size(); t += options_.query_stride) {
-        const HeadTable& table = cache.table(batch.seq[t], layer, h);
+        const HeadTable& table = layout.table(batch.seq[t], layer, h);
         const int len = table.size();
         int visible = 0;
         for (int i = 0; i < len; ++i) visible += table.meta[i].position <= batch.pos[t] ? 1 : 0;
@@ -72,7 +74,7 @@ class StatsObserver : public ForwardObserver {
         p.resize(len);
         double entropy = 0.0;
         for (int qh = h * group; qh < (h + 1) * group; ++qh) {
-          cpu::attention_weights(cache.pool(), table,
+          cpu::attention_weights(pages, table,
                                  q + (static_cast<size_t>(t) * spec_.num_heads + qh) * d,
                                  batch.pos[t], p.data());
           for (int i = 0; i < len; ++i) {
@@ -113,32 +115,16 @@ class StatsObserver : public ForwardObserver {
   CalibrationStats& stats_;
 };
 
+// Every position's logits of one chunk, prefilled from position 0 with full KV.
 std::vector<float> run_chunk(const Model& model, const std::vector<int32_t>& chunk,
                              ForwardObserver* observer, int disabled_layer = -1,
                              int disabled_expert = -1) {
-  KvCache cache(model.spec(), 1);
-  Forward forward(model, cache);
-  forward.disable_expert(disabled_layer, disabled_expert);
-  ForwardBatch b;
-  for (size_t i = 0; i < chunk.size(); ++i) b.add(chunk[i], 0, static_cast<int32_t>(i));
-  return forward.run(b, observer);
+  Engine engine(model);
+  engine.backend().disable_expert(disabled_layer, disabled_expert);
+  return engine.prefill(0, chunk, /*all_logits=*/true, observer);
 }
 
 }  // namespace
-
-double next_token_loss(const std::vector<float>& logits, const std::vector<int32_t>& tokens,
-                       int vocab) {
-  double total = 0.0;
-  const size_t n = tokens.size();
-  for (size_t t = 0; t + 1 < n; ++t) {
-    const float* row = logits.data() + t * vocab;
-    const float mx = *std::max_element(row, row + vocab);
-    double sum = 0.0;
-    for (int v = 0; v < vocab; ++v) sum += std::exp(row[v] - mx);
-    total += std::log(sum) + mx - row[tokens[t + 1]];
-  }
-  return n > 1 ? total / static_cast<double>(n - 1) : 0.0;
-}
 
 double CalibrationStats::retention(int l, int h, int e, size_t g) const {
   const double q = queries[static_cast<size_t>(l) * num_kv_heads + h];
@@ -153,6 +139,26 @@ double CalibrationStats::mean_entropy(int l, int h, int e) const {
 double CalibrationStats::key_share(int l, int h, int e) const {
   const double q = queries[static_cast<size_t>(l) * num_kv_heads + h];
   return q > 0 ? key_share_sum[lhe(l, h, e)] / q : 0.0;
+}
+
+std::vector<std::vector<int32_t>> calibration_chunks(const std::vector<int32_t>& ids,
+                                                     int chunk_tokens, int64_t max_tokens) {
+  if (chunk_tokens < 1) {
+    fail(ErrorKind::kInvalidArgument, "calibration chunks of {} tokens", chunk_tokens);
+  }
+  const size_t chunk = static_cast<size_t>(chunk_tokens);
+  const size_t limit = static_cast<size_t>(std::max<int64_t>(max_tokens, 0));
+  std::vector<std::vector<int32_t>> chunks;
+  for (size_t i = 0; i + chunk <= ids.size() && i + chunk <= limit; i += chunk) {
+    chunks.emplace_back(ids.begin() + static_cast<ptrdiff_t>(i),
+                        ids.begin() + static_cast<ptrdiff_t>(i + chunk));
+  }
+  if (chunks.empty()) {
+    fail(ErrorKind::kInvalidArgument,
+         "calibration: {} tokens (at most {} used) hold no chunk of {} tokens", ids.size(),
+         max_tokens, chunk_tokens);
+  }
+  return chunks;
 }
 
 CalibrationStats calibrate(const Model& model, const std::vector<std::vector<int32_t>>& chunks,

@@ -59,6 +59,11 @@ struct CalibrationStats {
   void check_model(const ModelSpec& spec) const;  // throws when made for another model shape
 };
 
+// Consecutive chunks of chunk_tokens cut from ids, at most max_tokens in all; a shorter tail is
+// dropped. Throws kInvalidArgument when not even one chunk fits.
+std::vector<std::vector<int32_t>> calibration_chunks(const std::vector<int32_t>& ids,
+                                                     int chunk_tokens, int64_t max_tokens);
+
 // Progress: (chunks done, chunks in all, pass name).
 using CalibrationProgress = std::function<void(int, int, const std::string&)>;
 
@@ -66,9 +71,5 @@ using CalibrationProgress = std::function<void(int, int, const std::string&)>;
 CalibrationStats calibrate(const Model& model, const std::vector<std::vector<int32_t>>& chunks,
                            const CalibrationOptions& options,
                            const CalibrationProgress& progress = {});
-
-// Mean next-token cross-entropy of one chunk's logits [T, vocab].
-double next_token_loss(const std::vector<float>& logits, const std::vector<int32_t>& tokens,
-                       int vocab);
 
 }  // namespace ekva

@@ -2,7 +2,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "budget/allocator.h"
 #include "budget/calibration.h"
 #include "cli/commands.h"
 #include "core/error.h"
@@ -82,41 +81,6 @@ int run_calibrate(const CalibrateArgs& a) {
   return 0;
 }
 
-struct PlanArgs {
-  std::string stats;
-  double budget = 0.2;
-  std::string allocator = "greedy";
-  std::string scope = "joint";
-  double floor = 0.0;
-  int groups = 0;
-  std::string model_dir;
-  std::string out;
-  bool json = false;
-};
-
-int run_plan(const PlanArgs& a) {
-  const CalibrationStats stats = CalibrationStats::load(a.stats);
-  if (!a.model_dir.empty()) stats.check_model(Model::load(a.model_dir)->spec());
-  PlanOptions o;
-  o.allocator = parse_allocator(a.allocator);
-  o.scope = parse_scope(a.scope);
-  o.budget = a.budget;
-  o.floor = a.floor;
-  o.groups = a.groups;
-  BudgetPlan plan = make_plan(stats, o);
-  plan.provenance["stats_file"] = a.stats;
-  plan.save(a.out);
-  if (a.json) {
-    fmt::print("{}\n", nlohmann::json{{"out", a.out}, {"provenance", plan.provenance}}.dump());
-  } else {
-    fmt::print(
-        "{} plan ({} scope) at budget {}: predicted retained attention mass {:.3f}; wrote {}\n",
-        a.allocator, a.scope, a.budget, plan.provenance["predicted_retained_mass"].get<double>(),
-        a.out);
-  }
-  return 0;
-}
-
 }  // namespace
 
 void add_calibrate(CLI::App& app, Action& action) {
@@ -132,25 +96,6 @@ void add_calibrate(CLI::App& app, Action& action) {
   cmd->add_option("--out", a->out, "Statistics JSON to write")->required();
   cmd->add_flag("--json", a->json, "Print a JSON summary");
   cmd->callback([&action, a] { action = [a] { return run_calibrate(*a); }; });
-}
-
-void add_plan(CLI::App& app, Action& action) {
-  auto* cmd = app.add_subcommand("plan", "Turn calibration statistics into a BudgetPlan");
-  auto a = std::make_shared<PlanArgs>();
-  cmd->add_option("--stats", a->stats, "Statistics from ekva calibrate")->required();
-  cmd->add_option("--budget", a->budget, "Per (layer, KV head): a fraction (0.2) or tokens (512)")
-      ->required();
-  cmd->add_option("--allocator", a->allocator, "uniform, pyramid, proportional or greedy")
-      ->capture_default_str();
-  cmd->add_option("--scope", a->scope, "layer, head, expert or joint")->capture_default_str();
-  cmd->add_option("--floor", a->floor, "Least budget of each group, in the budget's unit")
-      ->capture_default_str();
-  cmd->add_option("--groups", a->groups, "Expert groups per layer (0: one per expert)")
-      ->capture_default_str();
-  cmd->add_option("--model", a->model_dir, "Check the statistics against this model");
-  cmd->add_option("--out", a->out, "BudgetPlan JSON to write")->required();
-  cmd->add_flag("--json", a->json, "Print a JSON summary");
-  cmd->callback([&action, a] { action = [a] { return run_plan(*a); }; });
 }
 
 }  // namespace ekva::cli

@@ -48,18 +48,9 @@ int run_demo(const DemoArgs& a) {
   const fs::path calibration_file = repository_path(a.calibration);
   const std::vector<int32_t> ids = tokenizer->encode(file_text(calibration_file), false);
   CalibrationOptions calibration_options;
-  std::vector<std::vector<int32_t>> chunks;
+  const auto chunks =
+      calibration_chunks(ids, calibration_options.chunk_tokens, a.calibration_tokens);
   const size_t chunk = calibration_options.chunk_tokens;
-  for (size_t i = 0; i + chunk <= ids.size() &&
-                     (chunks.size() + 1) * chunk <= static_cast<size_t>(a.calibration_tokens);
-       i += chunk) {
-    chunks.emplace_back(ids.begin() + static_cast<ptrdiff_t>(i),
-                        ids.begin() + static_cast<ptrdiff_t>(i + chunk));
-  }
-  if (chunks.empty()) {
-    fail(ErrorKind::kInvalidArgument, "{}: {} tokens, fewer than one chunk of {}",
-         calibration_file.string(), ids.size(), chunk);
-  }
   fmt::print(stderr, "[1/3] calibrating {} on {} tokens of {}\n", model_dir.filename().string(),
              chunks.size() * chunk, calibration_file.filename().string());
   const CalibrationStats stats = calibrate(*model, chunks, calibration_options);
@@ -111,11 +102,11 @@ int run_demo(const DemoArgs& a) {
       if (c == '\n') c = ' ';
     }
     const bool correct = answer_matches(instance, answer);
-    fmt::print("{:<12} {:>7}  {:<24} {:<8} {:>12} {:>8.1f}%\n", policies[p].name,
-               policies[p].name == "full" ? "1.0" : fmt::format("{:g}", policies[p].budget),
-               fmt::format("\"{}\"", answer), correct ? "yes" : "no",
-               mib(static_cast<double>(o.kv_bytes)),
-               100.0 * static_cast<double>(o.kv_bytes) / static_cast<double>(o.kv_bytes_full));
+    fmt::print(
+        "{:<12} {:>7}  {:<24} {:<8} {:>12} {:>8.1f}%\n", policies[p].name,
+        policies[p].name == "full" ? "1.0" : fmt::format("{:g}", policies[p].budget.value_or(1.0)),
+        fmt::format("\"{}\"", answer), correct ? "yes" : "no", mib(static_cast<double>(o.kv_bytes)),
+        100.0 * static_cast<double>(o.kv_bytes) / static_cast<double>(o.kv_bytes_full));
   }
   fmt::print(
       "\nKV bytes count the pages of the paged pool in use after the answer (fp32 K and V).\n");

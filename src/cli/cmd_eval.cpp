@@ -69,6 +69,7 @@ int run_eval(const EvalArgs& a) {
   options.mode = parse_query_mode(a.mode);
   if (ppl) options.heldout_text = file_text(repository_path(a.heldout));
   options.ppl_tokens = a.ppl_tokens;
+  options.kv = kv_format(a.kv);
   options.progress = [](int done, int total) {
     fmt::print(stderr, "\reval [{:<30}] {}/{} (sample x policy)",
                std::string(30 * done / total, '#'), done, total);

@@ -2,8 +2,8 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "engine/engine.h"
 #include "io/safetensors.h"
-#include "model/forward.h"
 
 namespace ekva::cli {
 namespace {
@@ -21,7 +21,9 @@ int run_forward(const std::string& model_dir, const std::string& input, const st
   const int B = static_cast<int>(ids.shape[0]);
   const int T = static_cast<int>(ids.shape[1]);
   const auto* id = static_cast<const int64_t*>(ids.data);
-  KvCache cache(s, B);
+  EngineOptions engine_options;
+  engine_options.num_sequences = B;
+  Engine engine(*model, engine_options);
   ForwardBatch batch;
   for (int b = 0; b < B; ++b) {
     for (int t = 0; t < T; ++t) {
@@ -35,8 +37,7 @@ int run_forward(const std::string& model_dir, const std::string& input, const st
     }
   }
   RouterLogitsRecorder capture;
-  Forward forward(*model, cache);
-  const std::vector<float> logits = forward.run(batch, &capture);
+  const std::vector<float> logits = engine.step(batch, &capture);
   std::vector<TensorToWrite> tensors;
   tensors.push_back({"logits", DType::kF32, {B, T, s.vocab_size}, logits.data()});
   std::vector<std::string> names;

@@ -1,13 +1,14 @@
 #include <fmt/core.h>
 #include <omp.h>
 
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "cli/commands.h"
 #include "cli/policy_args.h"
 #include "core/error.h"
-#include "model/generate.h"
+#include "engine/generate.h"
 #include "tokenizer/tokenizer.h"
 
 namespace ekva::cli {
@@ -33,8 +34,11 @@ std::vector<int32_t> parse_ids(const std::string& text) {
   while (std::getline(ss, item, ',')) {
     try {
       size_t used = 0;
-      const long v = std::stol(item, &used);
-      if (used != item.size()) throw std::invalid_argument(item);
+      const long long v = std::stoll(item, &used);
+      if (used != item.size() || v < std::numeric_limits<int32_t>::min() ||
+          v > std::numeric_limits<int32_t>::max()) {
+        throw std::invalid_argument(item);
+      }
       ids.push_back(static_cast<int32_t>(v));
     } catch (const std::exception&) {
       fail(ErrorKind::kInvalidArgument, "--ids: '{}' is not an integer", item);
@@ -64,12 +68,13 @@ int run_generate(const GenerateArgs& a) {
            a.prompt.empty() ? "--ids" : "--prompt", prompt[i], i, s.vocab_size);
     }
   }
-  KvCache cache(s, 1);
+  EngineOptions engine_options;
+  engine_options.kv = kv_format(a.kv);
+  Engine engine(*model, engine_options, make_policy_options(a.kv, s));
   GenerateOptions options;
   options.max_new_tokens = a.max_new_tokens;
   options.sampling = SamplingOptions{a.temperature, a.top_k, a.top_p, a.seed};
-  KvPolicy policy(make_policy_options(a.kv, s), s);
-  const GenerateResult r = generate(*model, cache, prompt, options, &policy);
+  const GenerateResult r = generate(engine, prompt, options);
   const double prefill_tps = r.prefill_seconds > 0 ? r.prefill_tokens / r.prefill_seconds : 0.0;
   const double decode_tps = r.decode_seconds > 0 ? r.decode_steps / r.decode_seconds : 0.0;
   if (a.json) {
@@ -84,7 +89,8 @@ int run_generate(const GenerateArgs& a) {
                           {"threads", omp_get_max_threads()}}},
                         {"kv",
                          {{"policy", a.kv.policy},
-                          {"budget", a.kv.kv_budget},
+                          {"budget", a.kv.budget ? nlohmann::json(*a.kv.budget) : nlohmann::json()},
+                          {"dtype", dtype_name(engine.layout().dtype())},
                           {"bytes_in_use", r.kv_bytes},
                           {"bytes_full", r.kv_bytes_full},
                           {"retained_tokens", r.retained_tokens},

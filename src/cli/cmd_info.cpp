@@ -15,12 +15,18 @@ void add_info(CLI::App& app, Action& action) {
   auto json = std::make_shared<bool>(false);
   cmd->add_option("--model", *model_dir, "Model directory (config.json + safetensors)")->required();
   cmd->add_flag("--json", *json, "Print one JSON object");
-  cmd->callback([&action, model_dir, json] {
-    action = [model_dir, json] {
+  auto kv_dtype = std::make_shared<std::string>("f32");
+  cmd->add_option("--kv-dtype", *kv_dtype,
+                  "Element type the engine stores K and V in (as generate/eval --kv-dtype)")
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
+  cmd->callback([&action, model_dir, json, kv_dtype] {
+    action = [model_dir, json, kv_dtype] {
       const auto model = Model::load(*model_dir);
       const ModelSpec& s = model->spec();
       const auto params = s.parameters();
-      const int64_t kv_token = s.kv_bytes_per_token(dtype_size(s.weight_dtype));
+      const DType kv = *kv_dtype == "bf16" ? DType::kBF16 : DType::kF32;
+      const int64_t kv_token = s.kv_bytes_per_token(dtype_size(kv));
       nlohmann::json j = {
           {"architecture", s.model_type},
           {"layers", s.num_layers},
@@ -37,7 +43,7 @@ void add_info(CLI::App& app, Action& action) {
           {"parameters_total", params.total},
           {"parameters_active_per_token", params.active_per_token},
           {"weight_dtype", std::string(dtype_name(s.weight_dtype))},
-          {"kv_dtype", std::string(dtype_name(s.weight_dtype))},
+          {"kv_dtype", std::string(dtype_name(kv))},
           {"kv_bytes_per_token", kv_token},
           {"active_weight_bytes_per_token", model->active_weight_bytes_per_token()},
       };
@@ -55,7 +61,7 @@ void add_info(CLI::App& app, Action& action) {
       fmt::print("parameters          {} total, {} active per token\n", params.total,
                  params.active_per_token);
       fmt::print("weights             {}\n", dtype_name(s.weight_dtype));
-      fmt::print("KV bytes per token  {} (at {})\n", kv_token, dtype_name(s.weight_dtype));
+      fmt::print("KV bytes per token  {} (at {})\n", kv_token, dtype_name(kv));
       return 0;
     };
   });

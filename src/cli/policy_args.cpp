@@ -8,22 +8,45 @@ void add_policy_options(CLI::App* cmd, PolicyArgs& args) {
   cmd->add_option("--policy", args.policy,
                   fmt::format("KV policy: {}", fmt::join(KvPolicy::names(), ", ")))
       ->capture_default_str();
-  cmd->add_option("--kv-budget", args.kv_budget,
-                  "KV kept per (layer, KV head): a fraction of the prompt (0.25) or tokens (512)")
-      ->capture_default_str();
+  cmd->add_option("--budget", args.budget,
+                  "KV kept per (layer, KV head): a fraction of the prompt (0.25) or tokens "
+                  "(512); with --plan it rescales the plan (default: the plan's own budgets, or "
+                  "everything)");
+  cmd->add_option_function<double>(
+         "--kv-budget",
+         [&args](double b) {
+           fmt::print(stderr, "ekva: note: --kv-budget is deprecated; use --budget\n");
+           args.budget = b;
+         },
+         "Deprecated spelling of --budget")
+      ->group("");
+  add_shared_policy_options(cmd, args);
+}
+
+void add_shared_policy_options(CLI::App* cmd, PolicyArgs& args) {
   cmd->add_option("--plan", args.plan,
-                  "BudgetPlan JSON for policies ekva, ekva-random-groups, ekva-nogroup");
+                  "BudgetPlan JSON for policies ekva, ekva-random-groups, ekva-nogroup, "
+                  "ekva-online");
   cmd->add_option("--window", args.window,
                   "Recent tokens always kept (SnapKV's observation window)")
       ->capture_default_str();
   cmd->add_option("--sinks", args.sinks, "Attention-sink tokens kept by policy streaming")
       ->capture_default_str();
+  cmd->add_option("--kv-dtype", args.kv_dtype, "Element type of the stored K and V: f32 or bf16")
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
+}
+
+KvFormat kv_format(const PolicyArgs& args) {
+  KvFormat f;
+  f.dtype = args.kv_dtype == "bf16" ? DType::kBF16 : DType::kF32;
+  return f;
 }
 
 PolicyOptions make_policy_options(const PolicyArgs& args, const ModelSpec& spec) {
   PolicyOptions o;
   o.name = args.policy;
-  o.budget = args.kv_budget;
+  o.budget = args.budget;
   o.window = args.window;
   o.sinks = args.sinks;
   o.refresh = args.refresh;

@@ -2,10 +2,9 @@
 
 #include <algorithm>
 
-#include "budget/calibration.h"
 #include "core/error.h"
-#include "model/forward.h"
-#include "model/generate.h"
+#include "engine/engine.h"
+#include "engine/loss.h"
 
 namespace ekva {
 namespace {
@@ -18,19 +17,9 @@ double nll_of(const std::vector<float>& logits, int32_t target, int vocab) {
   return next_token_loss(logits, {0, target}, vocab);  // one row predicting one token
 }
 
-// One decode step of sequence 0 with the policy's decode scoring and eviction.
-std::vector<float> step(Forward& forward, KvCache& cache, KvPolicy& policy, int32_t token) {
-  ForwardBatch batch;
-  batch.add(token, 0, cache.next_position(0));
-  batch.score_query = {static_cast<uint8_t>(policy.scores_decode())};
-  std::vector<float> logits = forward.run(batch);
-  policy.evict(cache, 0);
-  return logits;
-}
-
 struct Prefilled {
   std::vector<uint8_t> score_queries;
-  KvCache cache;
+  Engine engine;
   std::vector<float> logits;  // of the prefix's last token
 };
 
@@ -54,7 +43,7 @@ EvalTask parse_eval_task(std::string_view name) {
 std::vector<PolicyOutcome> run_policies(const Model& model, const std::vector<int32_t>& prefix,
                                         const std::vector<int32_t>& suffix,
                                         const std::vector<PolicyOptions>& policies,
-                                        int max_new_tokens) {
+                                        int max_new_tokens, const KvFormat& kv) {
   const ModelSpec& spec = model.spec();
   if (prefix.empty()) fail(ErrorKind::kInvalidArgument, "eval: the prefix is empty");
   const int64_t total = static_cast<int64_t>(prefix.size() + suffix.size()) + max_new_tokens;
@@ -67,38 +56,36 @@ std::vector<PolicyOutcome> run_policies(const Model& model, const std::vector<in
   std::vector<Prefilled> prefills;  // a handful at most: none, the window, every query
   std::vector<PolicyOutcome> outcomes;
   for (const PolicyOptions& options : policies) {
-    KvPolicy policy(options, spec);
+    const KvPolicy policy(options, spec);
     const std::vector<uint8_t> score_queries = policy.prefill_score_queries(prefix_len);
     auto it = std::find_if(prefills.begin(), prefills.end(),
                            [&](const Prefilled& p) { return p.score_queries == score_queries; });
     if (it == prefills.end()) {
-      KvCache cache(spec, 1);
-      ForwardBatch batch;
-      for (int i = 0; i < prefix_len; ++i) batch.add(prefix[i], 0, i);
-      batch.logit_rows = {prefix_len - 1};
-      batch.score_query = score_queries;
-      std::vector<float> logits = Forward(model, cache).run(batch);
-      prefills.push_back({score_queries, std::move(cache), std::move(logits)});
+      EngineOptions engine_options;
+      engine_options.kv = kv;
+      Engine engine(model, engine_options, options);
+      std::vector<float> logits = engine.prefill(0, prefix);
+      prefills.push_back({score_queries, std::move(engine), std::move(logits)});
       it = prefills.end() - 1;
     }
-    KvCache cache = it->cache;
+    Engine engine = it->engine;
+    engine.set_policy(options);
     std::vector<float> logits = it->logits;
-    Forward forward(model, cache);
-    policy.compress(cache, 0, prefix_len);
+    engine.compress(0, prefix_len);
     PolicyOutcome out;
     for (int32_t token : suffix) {
       out.nll_sum += nll_of(logits, token, spec.vocab_size);
       ++out.scored_tokens;
-      logits = step(forward, cache, policy, token);
+      logits = engine.decode(0, token);
     }
     for (int i = 0; i < max_new_tokens; ++i) {
       const int32_t next = greedy(logits);
       out.generated.push_back(next);
       if (std::find(spec.eos_ids.begin(), spec.eos_ids.end(), next) != spec.eos_ids.end()) break;
-      if (i + 1 < max_new_tokens) logits = step(forward, cache, policy, next);
+      if (i + 1 < max_new_tokens) logits = engine.decode(0, next);
     }
-    out.kv_bytes = cache.kv_bytes_in_use();
-    out.kv_bytes_full = full_cache_bytes(cache, cache.next_position(0));
+    out.kv_bytes = engine.layout().kv_bytes_in_use();
+    out.kv_bytes_full = engine.layout().full_bytes(engine.layout().next_position(0));
     outcomes.push_back(std::move(out));
   }
   return outcomes;
@@ -161,8 +148,16 @@ std::vector<TaskScore> evaluate_tasks(const Model& model, const Tokenizer& token
   for (const EvalTask& task : options.tasks) {
     const size_t first = scores.size();
     for (const PolicyOptions& p : options.policies) {
-      scores.push_back(
-          {std::string(task.name()), p.name, p.budget, 0, {}, 0, options.samples, 0, 0, 0});
+      scores.push_back({std::string(task.name()),
+                        p.name,
+                        p.budget.value_or(1.0),
+                        0,
+                        {},
+                        0,
+                        options.samples,
+                        0,
+                        0,
+                        0});
     }
     std::vector<std::vector<int>> correct(options.policies.size());
     std::vector<std::vector<double>> nll(options.policies.size());
@@ -183,7 +178,7 @@ std::vector<TaskScore> evaluate_tasks(const Model& model, const Tokenizer& token
         suffix.assign(split, begin + static_cast<ptrdiff_t>(window));
       }
       const std::vector<PolicyOutcome> outcomes =
-          run_policies(model, prefix, suffix, options.policies, max_new);
+          run_policies(model, prefix, suffix, options.policies, max_new, options.kv);
       for (size_t p = 0; p < outcomes.size(); ++p) {
         const PolicyOutcome& o = outcomes[p];
         TaskScore& s = scores[first + p];

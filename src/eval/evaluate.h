@@ -48,6 +48,7 @@ struct TaskEvalOptions {
   QueryMode mode = QueryMode::kAware;
   std::string heldout_text;  // ppl: windows are cut from it, one after another
   int ppl_tokens = 128;      // ppl: continuation tokens scored per window
+  KvFormat kv;               // the engine's KV pages (element type: what the byte counts count)
   EvalProgress progress;
 };
 
@@ -94,7 +95,7 @@ struct PolicyOutcome {
 std::vector<PolicyOutcome> run_policies(const Model& model, const std::vector<int32_t>& prefix,
                                         const std::vector<int32_t>& suffix,
                                         const std::vector<PolicyOptions>& policies,
-                                        int max_new_tokens);
+                                        int max_new_tokens, const KvFormat& kv = {});
 
 // The prefix and suffix a task instance is run as: BOS + prompt and nothing (query-aware), or
 // BOS + context and the question (query-agnostic).

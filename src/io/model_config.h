@@ -4,7 +4,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "model/model_spec.h"
+#include "arch/model_spec.h"
 
 namespace ekva {
 

@@ -1,36 +1,39 @@
 #pragma once
 // KV compression policies: which retained tokens each (sequence, layer, KV head) keeps after
-// prefill and which it evicts during decode. All share the KvCache machinery; they differ in the
-// scores they rank by and in how the budget is split over layers, heads and expert groups.
+// prefill and which it evicts during decode. A policy reads the layout's metadata (positions,
+// routing, scores) and decides; it returns an EvictionPlan that a backend executes, and never
+// touches K/V storage. Policies differ in the scores they rank by and in how the budget (one
+// meaning, kv_budget.h) is split over layers, heads and expert groups.
 #include <cstdint>
-#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "kv/budget_plan.h"
-#include "kv/kv_cache.h"
+#include "kv/eviction_plan.h"
+#include "kv/kv_budget.h"
+#include "kv/kv_layout.h"
 
 namespace ekva {
 
 struct PolicyOptions {
   std::string name = "full";
-  // <= 1: a fraction of the prompt; > 1: tokens per (layer, KV head). Fixed when the prompt is
-  // compressed.
-  double budget = 1.0;
+  // kv_budget.h: <= 1 a fraction of the prompt, > 1 tokens per (layer, KV head); none: the plan's
+  // own budgets, or everything without a plan. Fixed when the prompt is compressed.
+  std::optional<double> budget;
   int window = 16;         // most recent tokens always kept; SnapKV's observation window
   int sinks = 4;           // streaming: the first tokens, always kept
   int pool_kernel = 7;     // SnapKV: max-pool width over positions
   double ada_floor = 0.2;  // Ada-KV: each head keeps at least this share of the mean head budget
   int refresh = 64;        // ekva-online: decode steps between group-budget refreshes
-  std::optional<BudgetPlan> plan;  // ekva and its ablations: budgets per (layer, head, group)
+  std::optional<BudgetPlan> plan;  // budgets per (layer, head, group); ekva's groups
   uint64_t seed = 0;               // ekva-random-groups: the random expert labels
 };
 
 class KvPolicy {
  public:
-  // Throws kInvalidArgument for an unknown name (listing the known ones) or a budget below one
-  // token.
+  // Throws kInvalidArgument for an unknown name (listing the known ones), a budget that is not
+  // positive, or a plan made for another model.
   KvPolicy(const PolicyOptions& options, const ModelSpec& spec);
   static const std::vector<std::string>& names();
 
@@ -40,11 +43,12 @@ class KvPolicy {
   std::vector<uint8_t> prefill_score_queries(int prompt_len) const;
   // Whether decode queries add their attention to the scores.
   bool scores_decode() const;
-  // Compresses a sequence right after its prompt of prompt_len tokens was prefilled, and fixes the
-  // budgets that decode-time eviction then holds.
-  void compress(KvCache& cache, int seq, int prompt_len);
-  // After a decode step appended one token per (layer, KV head): evicts back down to the budgets.
-  void evict(KvCache& cache, int seq);
+  // Right after a sequence's prompt of prompt_len tokens was prefilled: fixes the budgets that
+  // decode-time eviction then holds, and says what to evict now.
+  EvictionPlan compress(const KvLayout& layout, int seq, int prompt_len);
+  // After a decode step appended one token per (layer, KV head): brings every segment back within
+  // its budget, all segments in one plan.
+  EvictionPlan evict(const KvLayout& layout, int seq);
   // Tokens (layer, KV head) of `seq` may hold; valid after compress().
   int head_budget(int seq, int layer, int kv_head) const;
 
@@ -62,7 +66,7 @@ class KvPolicy {
     kEkvaOnline
   };
   struct SequenceBudgets {
-    std::vector<int> head;   // [layer][kv head]
+    KvBudgets budgets;       // per (layer, KV head), before the plan's sinks and recent
     std::vector<int> group;  // [layer][kv head][group]; empty unless grouped
     int steps = 0;           // decode steps since compression
   };
@@ -71,23 +75,21 @@ class KvPolicy {
   bool grouped() const {
     return kind_ == Kind::kEkva || kind_ == Kind::kEkvaRandomGroups || kind_ == Kind::kEkvaOnline;
   }
+  bool pools_scores() const { return kind_ != Kind::kStreaming && kind_ != Kind::kH2o; }
   // ekva-online: group budgets follow the attention mass each group's retained tokens drew so far.
-  void refresh_group_budgets(const KvCache& cache, int seq);
-  void plan_budgets(const KvCache& cache, int seq, int prompt_len);
-  std::vector<int> select(const KvCache& cache, int seq, int layer, int kv_head, int prompt_len,
-                          int keep) const;
-  int victim(const KvCache& cache, int seq, int layer, int kv_head) const;
+  void refresh_group_budgets(const KvLayout& layout, int seq);
+  void plan_budgets(const KvLayout& layout, int seq, int prompt_len);
+  // The eviction of one segment whose newest position is end - 1.
+  SegmentEviction segment(const KvLayout& layout, int seq, int layer, int kv_head,
+                          int32_t end) const;
 
   PolicyOptions options_;
   Kind kind_;
   int num_layers_;
   int num_kv_heads_;
   int num_groups_;
+  ModelSpec spec_;
   std::vector<SequenceBudgets> budgets_;  // per sequence
 };
-
-// Max-pools the scores of one (sequence, layer, KV head) over positions, as SnapKV smooths its
-// votes.
-void pool_scores(HeadTable& table, int kernel);
 
 }  // namespace ekva

@@ -12,10 +12,10 @@ class WeightReader {
  public:
   explicit WeightReader(const TensorStore& store) : store_(store) {}
 
-  cpu::Matrix matrix(const std::string& name, int rows, int cols) const {
+  WeightMatrix matrix(const std::string& name, int rows, int cols) const {
     const TensorView& t = store_.get(name, {rows, cols});
     check_float(t);
-    return cpu::Matrix{t.dtype, t.data, rows, cols};
+    return WeightMatrix{t.dtype, t.data, rows, cols};
   }
   std::vector<float> vector(const std::string& name, int size) const {
     const TensorView& t = store_.get(name, {size});

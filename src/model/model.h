@@ -4,26 +4,26 @@
 #include <memory>
 #include <vector>
 
-#include "backend/cpu/ops.h"
+#include "arch/model_spec.h"
+#include "core/weight_matrix.h"
 #include "io/safetensors.h"
-#include "model/model_spec.h"
 
 namespace ekva {
 
 struct Mlp {  // SwiGLU: down(silu(gate(x)) * up(x))
-  cpu::Matrix gate, up, down;
+  WeightMatrix gate, up, down;
 };
 
 struct LayerWeights {
   std::vector<float> attn_norm, mlp_norm;
-  cpu::Matrix q, k, v, o;
+  WeightMatrix q, k, v, o;
   std::vector<float> q_bias, k_bias, v_bias, o_bias;  // empty when the architecture has none
   std::vector<float> q_norm, k_norm;                  // empty unless spec.qk_norm != kNone
-  cpu::Matrix router;                                 // MoE layers only
+  WeightMatrix router;                                // MoE layers only
   std::vector<Mlp> experts;
-  Mlp shared;               // used when spec.shared_intermediate > 0
-  cpu::Matrix shared_gate;  // [1, hidden] when the shared expert is gated
-  Mlp dense;                // layers without a router
+  Mlp shared;                // used when spec.shared_intermediate > 0
+  WeightMatrix shared_gate;  // [1, hidden] when the shared expert is gated
+  Mlp dense;                 // layers without a router
 };
 
 class Model {
@@ -33,8 +33,8 @@ class Model {
 
   const ModelSpec& spec() const { return spec_; }
   const std::filesystem::path& dir() const { return dir_; }
-  const cpu::Matrix& embed() const { return embed_; }
-  const cpu::Matrix& lm_head() const { return lm_head_; }
+  const WeightMatrix& embed() const { return embed_; }
+  const WeightMatrix& lm_head() const { return lm_head_; }
   const std::vector<float>& final_norm() const { return final_norm_; }
   const LayerWeights& layer(int l) const { return layers_[l]; }
   // Bytes of the weights one decode token reads: attention, router, top_k experts, shared expert,
@@ -46,7 +46,7 @@ class Model {
   std::filesystem::path dir_;
   ModelSpec spec_;
   TensorStore store_;
-  cpu::Matrix embed_, lm_head_;
+  WeightMatrix embed_, lm_head_;
   std::vector<float> final_norm_;
   std::vector<LayerWeights> layers_;
 };

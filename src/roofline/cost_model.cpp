@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "kv/kv_budget.h"
 
 namespace ekva {
 namespace {
@@ -301,17 +302,14 @@ KvRetention KvRetention::fraction(const ModelSpec& spec, int64_t context, double
   return r;
 }
 
-KvRetention KvRetention::from_plan(const ModelSpec& spec, const BudgetPlan& plan, int64_t context) {
-  plan.check_model(spec);
+KvRetention KvRetention::from_plan(const ModelSpec& spec, const BudgetPlan& plan, int64_t context,
+                                   std::optional<double> budget) {
+  const KvBudgets b = resolve_budgets(spec, &plan, budget, context);
   const double c = static_cast<double>(context);
-  const double always = plan.sink_tokens + plan.recent_tokens;
   KvRetention r;
-  r.tokens.reserve(static_cast<size_t>(spec.num_layers) * spec.num_kv_heads);
-  for (int l = 0; l < spec.num_layers; ++l) {
-    for (int k = 0; k < spec.num_kv_heads; ++k) {
-      r.tokens.push_back(std::min(c, plan.retained_tokens(l, k, context) + always));
-    }
-  }
+  r.tokens.reserve(b.head.size());
+  for (int tokens : b.head)
+    r.tokens.push_back(std::min(c, static_cast<double>(tokens + b.sinks + b.recent)));
   return r;
 }
 

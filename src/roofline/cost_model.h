@@ -3,11 +3,12 @@
 // (formulas in docs/ROOFLINE.md). The KV side takes the retained tokens of every (layer, KV head),
 // so full KV, a uniform fraction and a BudgetPlan are all the same input.
 #include <cstdint>
+#include <optional>
 #include <string_view>
 #include <vector>
 
+#include "arch/model_spec.h"
 #include "kv/budget_plan.h"
-#include "model/model_spec.h"
 #include "roofline/hardware.h"
 #include "roofline/number_format.h"
 #include "roofline/operators.h"
@@ -26,9 +27,11 @@ struct KvRetention {
   static KvRetention full(const ModelSpec& spec, int64_t context);
   // The same fraction of `context` everywhere (at least one token).
   static KvRetention fraction(const ModelSpec& spec, int64_t context, double fraction);
-  // What `plan` keeps at a prompt of `context` tokens: its budgets summed over expert groups plus
-  // the sink and recent tokens it always keeps, at most the context. Checks the plan's model.
-  static KvRetention from_plan(const ModelSpec& spec, const BudgetPlan& plan, int64_t context);
+  // What `plan` keeps at a prompt of `context` tokens, rescaled to `budget` when one is given
+  // (resolve_budgets, the policies' meaning): per (layer, KV head) its budget plus the sink and
+  // recent tokens, at most the context. Checks the plan's model.
+  static KvRetention from_plan(const ModelSpec& spec, const BudgetPlan& plan, int64_t context,
+                               std::optional<double> budget = std::nullopt);
   double at(const ModelSpec& spec, int layer, int kv_head) const {
     return tokens[static_cast<size_t>(layer) * spec.num_kv_heads + kv_head];
   }

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "model/model_spec.h"
+#include "arch/model_spec.h"
 
 namespace ekva {
 

@@ -4,8 +4,8 @@
 
 #include "budget/allocator.h"
 #include "core/error.h"
+#include "engine/generate.h"
 #include "kv/policy.h"
-#include "model/generate.h"
 
 namespace ekva {
 namespace {
@@ -60,11 +60,10 @@ TEST(Calibration, StatisticsAreConsistentOnARealModel) {
   policy.name = "ekva";
   policy.budget = 0.25;
   policy.plan = make_plan(back, po);
-  KvPolicy ekva(policy, s);
-  KvCache cache(s, 1);
+  Engine engine(*model, {}, policy);
   GenerateOptions g;
   g.max_new_tokens = 8;
-  const GenerateResult r = generate(*model, cache, chunks(1, 200)[0], g, &ekva);
+  const GenerateResult r = generate(engine, chunks(1, 200)[0], g);
   EXPECT_LT(r.retained_tokens, r.total_tokens / 2);
 }
 

@@ -54,8 +54,12 @@ TEST_F(Cli, InfoJson) {
   ASSERT_EQ(r.code, 0) << r.out;
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["architecture"], "mixtral");
-  // 3 layers x 2 KV heads x 16 head_dim x (K+V) x 2 bytes
-  EXPECT_EQ(j["kv_bytes_per_token"], 3 * 2 * 16 * 2 * 2);
+  // 3 layers x 2 KV heads x 16 head_dim x (K+V) x 4 bytes: the engine stores float32 K/V
+  EXPECT_EQ(j["kv_dtype"], "F32");
+  EXPECT_EQ(j["kv_bytes_per_token"], 3 * 2 * 16 * 2 * 4);
+  const auto bf16 =
+      nlohmann::json::parse(ekva("info --model " + kMixtral + " --kv-dtype bf16 --json").out);
+  EXPECT_EQ(bf16["kv_bytes_per_token"], 3 * 2 * 16 * 2 * 2);
   EXPECT_GT(j["parameters_total"].get<int64_t>(), j["parameters_active_per_token"].get<int64_t>());
 }
 

@@ -9,11 +9,10 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "budget/calibration.h"
 #include "core/error.h"
+#include "engine/generate.h"
+#include "engine/loss.h"
 #include "eval/repository.h"
-#include "model/forward.h"
-#include "model/generate.h"
 
 namespace ekva {
 namespace {
@@ -65,11 +64,10 @@ TEST(RunPolicies, SharedPrefillMatchesGeneratePerPolicy) {
   const std::vector<PolicyOutcome> shared = run_policies(*model, prefix, {}, policies, 6);
   ASSERT_EQ(shared.size(), policies.size());
   for (size_t p = 0; p < policies.size(); ++p) {
-    KvPolicy alone(policies[p], model->spec());
-    KvCache cache(model->spec(), 1);
+    Engine alone(*model, {}, policies[p]);
     GenerateOptions g;
     g.max_new_tokens = 6;
-    const GenerateResult r = generate(*model, cache, prefix, g, &alone);
+    const GenerateResult r = generate(alone, prefix, g);
     EXPECT_EQ(shared[p].generated, r.tokens) << policies[p].name;
     EXPECT_EQ(shared[p].kv_bytes, r.kv_bytes) << policies[p].name;
     EXPECT_EQ(shared[p].kv_bytes_full, r.kv_bytes_full) << policies[p].name;
@@ -92,11 +90,10 @@ TEST(RunPolicies, DecodeModeLossOfTheFullCacheEqualsThePrefillLoss) {
   EXPECT_EQ(full.scored_tokens, 40);
   EXPECT_TRUE(full.generated.empty());
 
-  KvCache cache(model->spec(), 1);
   ForwardBatch batch;
   for (size_t i = 0; i < window.size(); ++i) batch.add(window[i], 0, static_cast<int32_t>(i));
   batch.logit_rows.clear();
-  const std::vector<float> logits = Forward(*model, cache).run(batch);
+  const std::vector<float> logits = Engine(*model).step(batch);
   const int vocab = model->spec().vocab_size;
   const size_t first = prefix.size() - 1;  // the row that predicts suffix[0]
   const std::vector<float> rows(logits.begin() + static_cast<ptrdiff_t>(first * vocab),

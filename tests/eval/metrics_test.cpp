@@ -6,8 +6,8 @@
 
 #include <cmath>
 
-#include "budget/calibration.h"
 #include "core/error.h"
+#include "engine/loss.h"
 #include "eval/report.h"
 
 namespace ekva {

@@ -6,8 +6,7 @@
 #include <set>
 
 #include "core/error.h"
-#include "model/forward.h"
-#include "model/generate.h"
+#include "engine/generate.h"
 
 namespace ekva {
 namespace {
@@ -24,13 +23,9 @@ std::vector<int32_t> prompt_of(int n) {
 }
 
 // Prefills `prompt` into sequence 0 with the policy's scoring, then compresses.
-void prefill(const Model& m, KvCache& cache, KvPolicy& policy, const std::vector<int32_t>& prompt) {
-  ForwardBatch b;
-  for (size_t i = 0; i < prompt.size(); ++i) b.add(prompt[i], 0, static_cast<int32_t>(i));
-  b.logit_rows = {b.size() - 1};
-  b.score_query = policy.prefill_score_queries(b.size());
-  Forward(m, cache).run(b);
-  policy.compress(cache, 0, b.size());
+void prefill(Engine& engine, const std::vector<int32_t>& prompt) {
+  engine.prefill(0, prompt);
+  engine.compress(0, static_cast<int>(prompt.size()));
 }
 
 class EveryPolicy : public ::testing::TestWithParam<std::string> {};
@@ -41,10 +36,11 @@ TEST_P(EveryPolicy, KeepsExactlyItsBudgetAfterPrefillAndDuringDecode) {
   PolicyOptions o;
   o.name = GetParam();
   o.budget = 0.25;
-  KvPolicy policy(o, s);
-  KvCache cache(s, 1);
+  Engine engine(*model, {}, o);
+  const KvPolicy& policy = *engine.policy();
+  const KvLayout& cache = engine.layout();
   const auto prompt = prompt_of(200);
-  prefill(*model, cache, policy, prompt);
+  prefill(engine, prompt);
   std::vector<std::set<int32_t>> evicted(s.num_layers * s.num_kv_heads);
   auto check = [&](int total) {
     int budget_sum = 0;
@@ -69,13 +65,8 @@ TEST_P(EveryPolicy, KeepsExactlyItsBudgetAfterPrefillAndDuringDecode) {
     }                                                             // mean 0.25 x 200
   };
   check(200);
-  Forward forward(*model, cache);
   for (int step = 0; step < 40; ++step) {
-    ForwardBatch b;
-    b.add(5 + step, 0, cache.next_position(0));
-    b.score_query = {static_cast<uint8_t>(policy.scores_decode())};
-    forward.run(b);
-    policy.evict(cache, 0);
+    engine.decode(0, 5 + step);
     check(201 + step);
   }
 }
@@ -93,15 +84,13 @@ TEST(Policy, FullReproducesTheUncompressedLogits) {
   GenerateOptions g;
   g.max_new_tokens = 20;
   g.stop_at_eos = false;
-  KvCache a(model->spec(), 1), b(model->spec(), 1);
-  KvPolicy full(PolicyOptions{}, model->spec());
-  EXPECT_EQ(generate(*model, a, prompt, g).tokens, generate(*model, b, prompt, g, &full).tokens);
+  Engine a(*model), b(*model, {}, PolicyOptions{});
+  EXPECT_EQ(generate(a, prompt, g).tokens, generate(b, prompt, g).tokens);
   // Scoring never changes what attention computes.
   ForwardBatch plain, scored;
   for (int i = 0; i < 60; ++i) plain.add(prompt[i], 0, i), scored.add(prompt[i], 0, i);
   scored.score_query.assign(60, 1);
-  KvCache c(model->spec(), 1), d(model->spec(), 1);
-  EXPECT_EQ(Forward(*model, c).run(plain), Forward(*model, d).run(scored));
+  EXPECT_EQ(Engine(*model).step(plain), Engine(*model).step(scored));
 }
 
 TEST(Policy, EkvaFillsEachGroupQuotaFromItsOwnTokens) {
@@ -111,14 +100,11 @@ TEST(Policy, EkvaFillsEachGroupQuotaFromItsOwnTokens) {
   o.name = "ekva";
   o.budget = 0.5;
   o.window = 4;
-  KvPolicy policy(o, s);
-  KvCache cache(s, 1);
+  Engine engine(*model, {}, o);
+  const KvLayout& cache = engine.layout();
   const int n = 240;
   const auto prompt = prompt_of(n);
-  ForwardBatch b;
-  for (int i = 0; i < n; ++i) b.add(prompt[i], 0, i);
-  b.score_query = policy.prefill_score_queries(n);
-  Forward(*model, cache).run(b);
+  engine.prefill(0, prompt);
   auto per_expert = [&](int l, int h) {
     std::vector<int> count(s.num_experts, 0);
     for (const TokenMeta& m : cache.table(0, l, h).meta) {
@@ -130,7 +116,7 @@ TEST(Policy, EkvaFillsEachGroupQuotaFromItsOwnTokens) {
   for (int l = 0; l < s.num_layers; ++l) {
     for (int h = 0; h < s.num_kv_heads; ++h) available.push_back(per_expert(l, h));
   }
-  policy.compress(cache, 0, n);
+  engine.compress(0, n);
   // Uniform quotas: (120 - 4 window) tokens over 6 experts = 19 or 20 each (largest remainder).
   // Every group keeps its quota when it has that many tokens, all of them otherwise.
   const std::vector<int> quota = {20, 20, 19, 19, 19, 19};
@@ -218,23 +204,19 @@ TEST(Policy, LongDecodeWithEvictionHoldsMemoryFlat) {
   PolicyOptions o;
   o.name = "h2o";
   o.budget = 64;
-  KvPolicy policy(o, model->spec());
-  KvCache cache(model->spec(), 1);
-  prefill(*model, cache, policy, prompt_of(100));
-  Forward forward(*model, cache);
-  size_t reserved_after_warmup = 0, bytes_after_warmup = 0;
+  Engine engine(*model, {}, o);
+  const KvLayout& cache = engine.layout();
+  prefill(engine, prompt_of(100));
+  int64_t reserved_after_warmup = 0;
+  size_t bytes_after_warmup = 0;
   for (int step = 0; step < 20000; ++step) {
-    ForwardBatch b;
-    b.add(3 + step % 200, 0, cache.next_position(0));
-    b.score_query = {1};
-    forward.run(b);
-    policy.evict(cache, 0);
+    engine.decode(0, 3 + step % 200);
     if (step == 100) {
-      reserved_after_warmup = cache.pool().pages_reserved();
+      reserved_after_warmup = cache.page_high_water();
       bytes_after_warmup = cache.kv_bytes_in_use();
     }
   }
-  EXPECT_EQ(cache.pool().pages_reserved(), reserved_after_warmup);
+  EXPECT_EQ(cache.page_high_water(), reserved_after_warmup);
   EXPECT_EQ(cache.kv_bytes_in_use(), bytes_after_warmup);
   EXPECT_EQ(cache.retained_tokens(), 64u * model->spec().num_layers * model->spec().num_kv_heads);
   fs::remove_all(dir);
@@ -254,16 +236,12 @@ TEST(Policy, OnlineRefreshKeepsHeadTotals) {
   o.name = "ekva-online";
   o.budget = 0.25;
   o.refresh = 4;
-  KvPolicy policy(o, s);
-  KvCache cache(s, 1);
-  prefill(*model, cache, policy, prompt_of(200));
-  Forward forward(*model, cache);
+  Engine engine(*model, {}, o);
+  const KvPolicy& policy = *engine.policy();
+  const KvLayout& cache = engine.layout();
+  prefill(engine, prompt_of(200));
   for (int step = 0; step < 30; ++step) {
-    ForwardBatch b;
-    b.add(7 + step, 0, cache.next_position(0));
-    b.score_query = {1};
-    forward.run(b);
-    policy.evict(cache, 0);
+    engine.decode(0, 7 + step);
     for (int l = 0; l < s.num_layers; ++l)
       for (int h = 0; h < s.num_kv_heads; ++h)
         EXPECT_EQ(cache.table(0, l, h).size(), policy.head_budget(0, l, h));

@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "engine/generate.h"
 #include "io/json_file.h"
-#include "model/generate.h"
 #include "support/reference_forward.h"
 
 namespace ekva {
@@ -31,11 +31,11 @@ TEST_P(Parity, GreedyGenerationMatches) {
   const nlohmann::json ref = read_json_file(fixture("hf_greedy_regenerated.json"))[GetParam()];
   const auto prompt = ref["greedy_prompt"].get<std::vector<int32_t>>();
   const auto want = ref["greedy_output"].get<std::vector<int32_t>>();
-  KvCache cache(model->spec(), 1);
+  Engine engine(*model);
   GenerateOptions options;
   options.max_new_tokens = static_cast<int>(want.size());
   options.stop_at_eos = false;
-  const GenerateResult r = generate(*model, cache, prompt, options);
+  const GenerateResult r = generate(engine, prompt, options);
   EXPECT_EQ(r.tokens, want);
 }
 
@@ -68,26 +68,23 @@ TEST_P(Parity, RegeneratedGreedyReferenceAgreesWithShippedOne) {
 
 TEST_P(Parity, PrefillThenDecodeEqualsOneForward) {
   const auto model = Model::load(fixture(GetParam()));
-  const ModelSpec& s = model->spec();
   SafetensorsFile ref(fixture(GetParam()) + "/reference.safetensors");
   const TensorView& ids = ref.get("input_ids");
   const int T = static_cast<int>(ids.shape[1]);
   const auto* id = static_cast<const int64_t*>(ids.data);
-  KvCache full_cache(s, 1);
   ForwardBatch full;
   for (int t = 0; t < T; ++t) full.add(static_cast<int32_t>(id[t]), 0, t);
-  const std::vector<float> want = Forward(*model, full_cache).run(full);
+  const std::vector<float> want = Engine(*model).step(full);
 
   const int prefix = T / 2;
-  KvCache cache(s, 1);
-  Forward forward(*model, cache);
+  Engine engine(*model);
   ForwardBatch head;
   for (int t = 0; t < prefix; ++t) head.add(static_cast<int32_t>(id[t]), 0, t);
-  std::vector<float> got = forward.run(head);
+  std::vector<float> got = engine.step(head);
   for (int t = prefix; t < T; ++t) {
     ForwardBatch step;
     step.add(static_cast<int32_t>(id[t]), 0, t);
-    const std::vector<float> l = forward.run(step);
+    const std::vector<float> l = engine.step(step);
     got.insert(got.end(), l.begin(), l.end());
   }
   ASSERT_EQ(got.size(), want.size());

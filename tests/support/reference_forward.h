@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/engine.h"
 #include "io/safetensors.h"
-#include "model/forward.h"
 
 namespace ekva::testing {
 
@@ -34,13 +34,15 @@ inline void expect_forward_matches(const Model& model, const SafetensorsFile& re
   const TensorView& ids = ref.get("input_ids");
   const int B = static_cast<int>(ids.shape[0]), T = static_cast<int>(ids.shape[1]);
   const std::vector<int32_t> tokens = token_ids(ids);
-  KvCache cache(s, B);
+  EngineOptions options;
+  options.num_sequences = B;
+  Engine engine(model, options);
   ForwardBatch batch;
   for (int b = 0; b < B; ++b) {
     for (int t = 0; t < T; ++t) batch.add(tokens[b * T + t], b, t);
   }
   RouterLogitsRecorder capture;
-  const std::vector<float> logits = Forward(model, cache).run(batch, &capture);
+  const std::vector<float> logits = engine.step(batch, &capture);
   const TensorView& want = ref.get("logits");
   ASSERT_EQ(static_cast<size_t>(want.numel()), logits.size());
   EXPECT_LE(relative_error(logits.data(), static_cast<const float*>(want.data), logits.size()),

@@ -43,7 +43,7 @@ inline float load1(const void* row, int i, DType dtype) {
 }
 
 // acc[t] = dot(x[t], row) for t < n (n <= kStreamedRows).
-void row_dots(const Matrix& w, int r, const float* x, int n, float* acc) {
+void row_dots(const WeightMatrix& w, int r, const float* x, int n, float* acc) {
   const int k = w.cols;
   const char* row =
       static_cast<const char*>(w.data) + static_cast<size_t>(r) * k * dtype_size(w.dtype);
@@ -95,7 +95,7 @@ void linear(std::span<const Product> products) {
       streamed_rows += p.w->rows;
       continue;
     }
-    const Matrix& w = *p.w;
+    const WeightMatrix& w = *p.w;
     const float* wf = static_cast<const float*>(w.data);
     std::vector<float> converted;
     if (w.dtype != DType::kF32) {
@@ -131,12 +131,12 @@ void linear(std::span<const Product> products) {
   }
 }
 
-void linear(const Matrix& w, const float* x, int n, float* y, const float* bias) {
+void linear(const WeightMatrix& w, const float* x, int n, float* y, const float* bias) {
   const Product product{&w, x, n, y, bias};
   linear(std::span<const Product>(&product, 1));
 }
 
-void matrix_row(const Matrix& w, int r, float* out) {
+void matrix_row(const WeightMatrix& w, int r, float* out) {
   const size_t row_bytes = static_cast<size_t>(w.cols) * dtype_size(w.dtype);
   to_f32(w.dtype, static_cast<const char*>(w.data) + r * row_bytes, out, w.cols);
 }

@@ -5,31 +5,23 @@
 #include <span>
 #include <vector>
 
-#include "core/dtype.h"
-#include "kv/kv_cache.h"
-#include "model/model_spec.h"
+#include "arch/rope_table.h"
+#include "core/weight_matrix.h"
+#include "kv/kv_layout.h"
+#include "kv/kv_pages.h"
 
 namespace ekva::cpu {
-
-// A row-major weight matrix [rows = out features, cols = in features], viewed in place.
-struct Matrix {
-  DType dtype = DType::kF32;
-  const void* data = nullptr;
-  int rows = 0;
-  int cols = 0;
-  size_t bytes() const { return static_cast<size_t>(rows) * cols * dtype_size(dtype); }
-};
 
 // Up to this many rows of x, linear streams each weight row once (a GEMV); above, BLAS sgemm on
 // float32 weights.
 inline constexpr int kStreamedRows = 4;
 
 // y[n, w.rows] = x[n, w.cols] · wᵀ (+ bias).
-void linear(const Matrix& w, const float* x, int n, float* y, const float* bias = nullptr);
+void linear(const WeightMatrix& w, const float* x, int n, float* y, const float* bias = nullptr);
 
 // One of several products: y[n, w->rows] = x[n, w->cols] · wᵀ (+ bias).
 struct Product {
-  const Matrix* w = nullptr;
+  const WeightMatrix* w = nullptr;
   const float* x = nullptr;
   int n = 0;
   float* y = nullptr;
@@ -41,7 +33,7 @@ struct Product {
 void linear(std::span<const Product> products);
 
 // Row r of w converted to float32 (embedding lookup).
-void matrix_row(const Matrix& w, int r, float* out);
+void matrix_row(const WeightMatrix& w, int r, float* out);
 
 // In place over n rows of width dim; weight has dim entries.
 void rms_norm(float* x, int n, int dim, const float* weight, double eps);
@@ -57,8 +49,7 @@ class Rope {
 
  private:
   int head_dim_;
-  std::vector<double> inv_freq_;
-  double attention_factor_;
+  RopeTable table_;
 };
 
 // out[i] = silu(gate[i]) * up[i].
@@ -67,14 +58,15 @@ void silu_mul(const float* gate, const float* up, float* out, size_t n);
 // Softmax weights of one query head (q: head_dim floats) over the retained slots of a (sequence,
 // layer, KV head): weights[i] for slot i, 0 for slots whose position is after query_pos. All zero
 // when no slot is visible.
-void attention_weights(const KvPool& pool, const HeadTable& table, const float* q, int query_pos,
+void attention_weights(const KvPages& pages, const HeadTable& table, const float* q, int query_pos,
                        float* weights);
 
 // Softmax attention of each token's query heads over the retained K/V of its (sequence, layer,
 // KV head) with position <= the token's own. q and out: n rows of spec.q_dim(). When score_query is
 // given, the attention probabilities of the tokens it flags, summed over a KV head's query heads,
 // are added to each retained slot's TokenMeta::score (what H2O, SnapKV and EKVA rank by).
-void attention(KvCache& cache, int layer, const float* q, const int32_t* seq, const int32_t* pos,
-               int n, int num_heads, float* out, const uint8_t* score_query = nullptr);
+void attention(KvLayout& layout, const KvPages& pages, int layer, const float* q,
+               const int32_t* seq, const int32_t* pos, int n, int num_heads, float* out,
+               const uint8_t* score_query = nullptr);
 
 }  // namespace ekva::cpu

@@ -9,14 +9,15 @@
 
 namespace ekva::cuda {
 
-DeviceKvLayer::DeviceKvLayer(const KvCache& cache, int layer) {
+DeviceKvLayer::DeviceKvLayer(const KvLayout& cache, const KvPages& host, int layer) {
   if (layer < 0 || layer >= cache.num_layers()) {
     fail(ErrorKind::kInvalidArgument, "DeviceKvLayer: layer {} of a {}-layer cache", layer,
          cache.num_layers());
   }
   const int d = cache.head_dim();
   const int ps = cache.page_size();
-  const size_t pages = cache.pool().pages_reserved();
+  const size_t pages = static_cast<size_t>(cache.page_high_water());
+  std::vector<float> k_row(d), v_row(d);
   std::vector<uint16_t> pool(pages * 2 * ps * d, 0x7fc0);
   std::vector<TokenMeta> meta(pages * ps);
   std::vector<int32_t> page_ids;
@@ -27,8 +28,8 @@ DeviceKvLayer::DeviceKvLayer(const KvCache& cache, int layer) {
       const HeadTable& t = cache.table(s, layer, h);
       for (int slot = 0; slot < t.size(); ++slot) {
         const int32_t page = t.pages[slot / ps];
-        const float* k = cache.key(s, layer, h, slot);
-        const float* v = cache.value(s, layer, h, slot);
+        const float* k = host.key(cache.address(t, slot), k_row.data());
+        const float* v = host.value(cache.address(t, slot), v_row.data());
         uint16_t* dst = pool.data() + (static_cast<size_t>(page) * 2 * ps + slot % ps) * d;
         std::transform(k, k + d, dst, f32_to_bf16);
         std::transform(v, v + d, dst + static_cast<size_t>(ps) * d, f32_to_bf16);

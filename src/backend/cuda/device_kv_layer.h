@@ -1,8 +1,8 @@
 #pragma once
-// One layer of the engine's KvCache (src/kv) mirrored on the device in the paged bf16 layout
-// (paged_kv.h), and decode attention over it: where the engine's backend meets the CUDA kernels.
-// The mirror keeps the cache's page ids, so a slot is the same (page, row) on host and device and
-// pool-parallel arrays (metadata, scores, flags) line up with the host's tables.
+// One layer of a KV layout and its host pages (src/kv) mirrored on the device in the paged bf16
+// layout (paged_kv.h), and decode attention over it: where the engine's backend meets the CUDA
+// kernels. The mirror keeps the cache's page ids, so a slot is the same (page, row) on host and
+// device and pool-parallel arrays (metadata, scores, flags) line up with the host's tables.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -10,15 +10,16 @@
 
 #include "backend/cuda/device_buffer.h"
 #include "backend/cuda/paged_kv.h"
-#include "kv/kv_cache.h"
+#include "kv/kv_layout.h"
+#include "kv/kv_pages.h"
 
 namespace ekva::cuda {
 
 class DeviceKvLayer {
  public:
-  // Copies layer `layer` of `cache`: every reserved page of the pool (rows no slot holds are NaN,
-  // so that a kernel reading past a length shows in its output), block tables, lengths, metadata.
-  DeviceKvLayer(const KvCache& cache, int layer);
+  // Copies layer `layer`: every page the layout has handed out (rows no slot holds are NaN, so
+  // that a kernel reading past a length shows in its output), block tables, lengths, metadata.
+  DeviceKvLayer(const KvLayout& layout, const KvPages& pages, int layer);
 
   // The device view the kernels take; the KV device operations (kv_ops.h) update it in place.
   const PagedKvLayer& view() const { return view_; }

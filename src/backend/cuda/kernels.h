@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "kv/kv_cache.h"
+#include "kv/kv_layout.h"
 
 namespace ekva::cuda {
 

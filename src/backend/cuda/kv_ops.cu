@@ -73,7 +73,7 @@ __device__ __forceinline__ int plan_sum(int value, int* partial) {
   return total;
 }
 
-// One CTA per segment, KvCache::evict_flagged's order: with kept = length - flagged, the r-th
+// One CTA per segment, KvLayout::evict_flagged's order: with kept = length - flagged, the r-th
 // flagged slot below kept (a hole) receives the r-th unflagged slot at or past kept. A first pass
 // counts the flags, so that the second writes only what the copy reads: each hole's pool row at
 // its rank r among the flagged, and each unflagged slot past kept its row at its rank among the

@@ -1,6 +1,6 @@
 #pragma once
 // Device operations on the paged KV pool (paged_kv.h): append with RoPE, eviction by flags in
-// KvCache::evict_flagged's order, and per-group top-k selection of what to evict. Page
+// KvLayout::evict_flagged's order, and per-group top-k selection of what to evict. Page
 // allocation stays on the host: the host grows block tables before an append and releases the
 // pages past the new lengths after a compaction.
 #include <cuda_runtime_api.h>
@@ -34,7 +34,7 @@ void append_kv(const PagedKvLayer& kv, const KvAppend& append, cudaStream_t stre
 size_t compaction_workspace_bytes(int64_t pool_rows, int num_segments);
 
 // Evicts every slot whose pool-parallel flag is non-zero, leaving the pool, metadata and lengths
-// exactly as KvCache::evict_flagged leaves them: the survivors past the new length fill the holes
+// exactly as KvLayout::evict_flagged leaves them: the survivors past the new length fill the holes
 // below it, both in ascending order.
 void evict_flagged(const PagedKvLayer& kv, const uint8_t* evict_flags, int64_t pool_rows,
                    void* workspace, cudaStream_t stream);

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "backend/cpu/ops.h"
-#include "kv/kv_cache.h"
+#include "support/host_kv.h"
 
 namespace ekva::cpu {
 namespace {
@@ -34,6 +34,7 @@ class AttentionTest : public ::testing::TestWithParam<Case> {
     s.num_kv_heads = kKvHeads;
     s.num_heads = kKvHeads * GetParam().group;
     s.head_dim = GetParam().head_dim;
+    s.max_position = 64;
     return s;
   }
 
@@ -88,7 +89,7 @@ class AttentionTest : public ::testing::TestWithParam<Case> {
     return w;
   }
 
-  KvCache cache_;
+  testing::HostKv cache_;
   std::mt19937 rng_;
 };
 
@@ -112,7 +113,8 @@ TEST_P(AttentionTest, MatchesDoubleSoftmaxAttention) {
       for (const TokenMeta& m : cache_.table(2, layer, h).meta) scores_before[h].push_back(m.score);
     }
     std::vector<float> out(q.size(), -1.0f);
-    attention(cache_, layer, q.data(), seq.data(), pos.data(), n, heads, out.data(), score.data());
+    attention(cache_.layout, cache_.pages, layer, q.data(), seq.data(), pos.data(), n, heads,
+              out.data(), score.data());
     for (int t = 0; t < n; ++t) {
       for (int qh = 0; qh < heads; ++qh) {
         const int kv = qh / GetParam().group;
@@ -150,7 +152,7 @@ TEST_P(AttentionTest, WeightsSumToOneOverVisibleSlotsAndZeroWithout) {
   std::vector<float> q(d, 0.25f);
   const HeadTable& t = cache_.table(2, 1, 1);
   std::vector<float> w(t.size());
-  attention_weights(cache_.pool(), t, q.data(), 10, w.data());
+  attention_weights(cache_.pages, t, q.data(), 10, w.data());
   double sum = 0;
   for (int i = 0; i < t.size(); ++i) {
     if (t.meta[i].position > 10) {
@@ -160,7 +162,7 @@ TEST_P(AttentionTest, WeightsSumToOneOverVisibleSlotsAndZeroWithout) {
     sum += w[i];
   }
   EXPECT_NEAR(sum, 1.0, 1e-6);
-  attention_weights(cache_.pool(), t, q.data(), -1, w.data());  // no slot is visible
+  attention_weights(cache_.pages, t, q.data(), -1, w.data());  // no slot is visible
   for (float x : w) EXPECT_EQ(x, 0.0f);
 }
 

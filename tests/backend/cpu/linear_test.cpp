@@ -19,7 +19,7 @@ struct Weights {
   std::vector<float> f32;
   std::vector<uint16_t> half;
   std::vector<float> value;
-  Matrix matrix;
+  WeightMatrix matrix;
 };
 
 Weights make_weights(DType dtype, int rows, int cols, std::mt19937& rng) {

@@ -31,7 +31,7 @@ struct Case {
 };
 
 // Reference weights: per slot, the softmax weight summed over the group's query heads, in double.
-std::vector<double> reference_weights(const KvCache& cache, const std::vector<float>& q, int seq,
+std::vector<double> reference_weights(const HostKv& cache, const std::vector<float>& q, int seq,
                                       int kv_head, int group) {
   const HeadTable& t = cache.table(seq, 0, kv_head);
   const int d = cache.head_dim();
@@ -64,10 +64,9 @@ void run_case(const Case& c, uint32_t seed) {
   for (int32_t& l : lengths) l = length(rng);
   if (c.fixed_length > 0) lengths[0] = c.fixed_length;
 
-  KvCache cache(testing::kv_spec(c.num_kv_heads, c.head_dim, c.group), c.num_sequences,
-                c.page_size);
+  HostKv cache(testing::kv_spec(c.num_kv_heads, c.head_dim, c.group), c.num_sequences, c.page_size);
   testing::fill_cache(cache, lengths, rng);
-  DeviceKvLayer kv(cache, 0);
+  DeviceKvLayer kv(cache.layout, cache.pages, 0);
 
   std::normal_distribution<float> normal(0.0f, c.query_scale);
   std::vector<float> q(static_cast<size_t>(c.num_sequences) * num_q_heads * c.head_dim);
@@ -194,9 +193,9 @@ TEST_F(DecodeAttentionTest, FusedScoresMatchReferenceWeights) {
 TEST_F(DecodeAttentionTest, RejectsMisalignedBuffers) {
   const std::vector<int32_t> lengths = {5, 7};
   std::mt19937 rng(51);
-  KvCache cache(testing::kv_spec(2, 128, 4), 1, 16);
+  HostKv cache(testing::kv_spec(2, 128, 4), 1, 16);
   testing::fill_cache(cache, lengths, rng);
-  DeviceKvLayer kv(cache, 0);
+  DeviceKvLayer kv(cache.layout, cache.pages, 0);
   const DecodeAttentionPlan plan({1, 8, 2, 128, 16, false}, lengths);
   DeviceBuffer<uint8_t> workspace(plan.workspace_bytes() + 16);
   DeviceBuffer<uint16_t> q(8 * 128 + 4), out(8 * 128 + 4);

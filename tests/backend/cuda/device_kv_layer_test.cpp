@@ -29,7 +29,7 @@ TEST_F(DeviceKvLayerTest, EmbeddedModelDecodeAttentionMatchesCpu) {
   const int num_sequences = 5;
   const int layer = spec.num_layers - 1;
   std::mt19937 rng(5);
-  KvCache cache(spec, num_sequences);
+  HostKv cache(spec, num_sequences);
   std::uniform_int_distribution<int> length(0, testing::small_sizes() ? 60 : 3000);
   std::uniform_real_distribution<float> value(-1.0f, 1.0f);
   std::vector<float> k(spec.head_dim), v(spec.head_dim);
@@ -47,7 +47,7 @@ TEST_F(DeviceKvLayerTest, EmbeddedModelDecodeAttentionMatchesCpu) {
       }
     }
   }
-  const DeviceKvLayer kv(cache, layer);
+  const DeviceKvLayer kv(cache.layout, cache.pages, layer);
 
   const size_t elems = static_cast<size_t>(num_sequences) * spec.num_heads * spec.head_dim;
   std::normal_distribution<float> normal(0.0f, 2.0f);
@@ -71,7 +71,7 @@ TEST_F(DeviceKvLayerTest, EmbeddedModelDecodeAttentionMatchesCpu) {
   EXPECT_LT(std::sqrt(err2 / std::max(ref2, 1e-30)), 1e-2);
 
   EXPECT_THROW(kv.decode_attention(q, spec.num_heads / 2, got, nullptr), Error);
-  EXPECT_THROW(DeviceKvLayer(cache, spec.num_layers), Error);
+  EXPECT_THROW(DeviceKvLayer(cache.layout, cache.pages, spec.num_layers), Error);
 }
 
 }  // namespace

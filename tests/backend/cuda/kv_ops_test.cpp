@@ -38,7 +38,7 @@ TEST_F(KvOpsTest, AppendAppliesRopeLikeCpu) {
     std::mt19937 rng(7 + head_dim);
     const int num_sequences = 5, num_kv_heads = 3, page_size = 16;
     // Existing ragged content, then one new token per sequence and a 37-token chunk for sequence 2.
-    KvCache cache(testing::kv_spec(num_kv_heads, head_dim, 1), num_sequences, page_size);
+    HostKv cache(testing::kv_spec(num_kv_heads, head_dim, 1), num_sequences, page_size);
     const std::vector<int32_t> lengths = random_lengths(num_sequences * num_kv_heads, 40, rng);
     testing::fill_cache(cache, lengths, rng);
     std::vector<int32_t> sequences = {0, 1, 2, 3, 4};
@@ -62,7 +62,7 @@ TEST_F(KvOpsTest, AppendAppliesRopeLikeCpu) {
             cache.append(sequences[t], 0, h, zeros.data(), zeros.data(), TokenMeta{});
       }
     }
-    DeviceKvLayer kv(cache, 0);
+    DeviceKvLayer kv(cache.layout, cache.pages, 0);
     const std::vector<int32_t> old_lengths = lengths;
     kv.lengths().upload(old_lengths);
 
@@ -125,7 +125,7 @@ TEST_F(KvOpsTest, AppendAppliesRopeLikeCpu) {
   }
 }
 
-TEST_F(KvOpsTest, EvictFlaggedMatchesKvCacheEvictFlagged) {
+TEST_F(KvOpsTest, EvictFlaggedMatchesKvLayoutEvictFlagged) {
   const bool small = testing::small_sizes();
   // Page sizes below, at and above a warp's 32 slots; segments longer than one round of the plan
   // (8192 slots), and flag densities that leave few survivors (90%) or make few moves (5%).
@@ -133,7 +133,7 @@ TEST_F(KvOpsTest, EvictFlaggedMatchesKvCacheEvictFlagged) {
     SCOPED_TRACE(::testing::Message() << "page_size " << page_size);
     std::mt19937 rng(100 + page_size);
     const int num_sequences = small ? 3 : 11, num_kv_heads = 2, head_dim = 128;
-    KvCache cache(testing::kv_spec(num_kv_heads, head_dim, 4), num_sequences, page_size);
+    HostKv cache(testing::kv_spec(num_kv_heads, head_dim, 4), num_sequences, page_size);
     std::vector<int32_t> lengths =
         random_lengths(num_sequences * num_kv_heads, small ? 200 : 5000, rng);
     lengths[1] = 33;  // evicted whole below
@@ -141,7 +141,7 @@ TEST_F(KvOpsTest, EvictFlaggedMatchesKvCacheEvictFlagged) {
     lengths[3] = small ? 9000 : 20000;
     lengths[4] = small ? 8500 : 17000;
     testing::fill_cache(cache, lengths, rng);
-    DeviceKvLayer kv(cache, 0);
+    DeviceKvLayer kv(cache.layout, cache.pages, 0);
 
     std::vector<uint8_t> flags(static_cast<size_t>(kv.pool_rows()), 0);
     for (int s = 0; s < num_sequences; ++s) {
@@ -201,7 +201,7 @@ TEST_F(KvOpsTest, SelectEvictionsKeepsTopScoresPerGroup) {
   std::mt19937 rng(5);
   const int num_sequences = small ? 2 : 6, num_kv_heads = 2, head_dim = 64, page_size = 16;
   const int num_experts = 8, num_groups = 4, sink_tokens = 3;
-  KvCache cache(testing::kv_spec(num_kv_heads, head_dim, 4), num_sequences, page_size);
+  HostKv cache(testing::kv_spec(num_kv_heads, head_dim, 4), num_sequences, page_size);
   const std::vector<int32_t> lengths =
       random_lengths(num_sequences * num_kv_heads, small ? 300 : 20000, rng);
   testing::fill_cache(cache, lengths, rng, num_experts);
@@ -211,7 +211,7 @@ TEST_F(KvOpsTest, SelectEvictionsKeepsTopScoresPerGroup) {
       for (TokenMeta& m : cache.table(s, 0, h).meta) m.score = std::round(m.score * 8.0f) / 8.0f;
     }
   }
-  DeviceKvLayer kv(cache, 0);
+  DeviceKvLayer kv(cache.layout, cache.pages, 0);
 
   const std::vector<int32_t> expert_group = {0, 0, 1, 1, 2, 2, 3, -1};  // expert 7 in no group
   std::vector<int32_t> budgets(num_kv_heads * num_groups);

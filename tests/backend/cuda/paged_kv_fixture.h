@@ -1,7 +1,7 @@
 #pragma once
-// Test helpers: a KvCache filled with bf16-representable random data (its device copy, a
-// DeviceKvLayer, then holds exactly the same values), so that GPU results can be checked against
-// the CPU backend.
+// Test helpers: a host KV layout and pages filled with bf16-representable random data (its device
+// copy, a DeviceKvLayer, then holds exactly the same values), so that GPU results can be checked
+// against the CPU backend.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -13,9 +13,11 @@
 #include "backend/cuda/device_buffer.h"
 #include "backend/cuda/device_kv_layer.h"
 #include "core/dtype.h"
-#include "kv/kv_cache.h"
+#include "support/host_kv.h"
 
 namespace ekva::cuda::testing {
+
+using HostKv = ::ekva::testing::HostKv;
 
 #define EKVA_SKIP_WITHOUT_GPU() \
   if (!::ekva::cuda::device_available()) GTEST_SKIP() << "no CUDA device"
@@ -36,12 +38,13 @@ inline ModelSpec kv_spec(int num_kv_heads, int head_dim, int group) {
   spec.num_kv_heads = num_kv_heads;
   spec.num_heads = num_kv_heads * group;
   spec.head_dim = head_dim;
+  spec.max_position = 1 << 20;
   return spec;
 }
 
 // Appends lengths[seq * num_kv_heads + kv_head] random tokens to every segment of layer 0.
 // Metadata: position = slot, a random expert in [-1, num_experts), a random score.
-inline void fill_cache(KvCache& cache, const std::vector<int32_t>& lengths, std::mt19937& rng,
+inline void fill_cache(HostKv& cache, const std::vector<int32_t>& lengths, std::mt19937& rng,
                        int num_experts = 8) {
   std::uniform_real_distribution<float> value(-1.0f, 1.0f);
   std::uniform_int_distribution<int> expert(-1, num_experts - 1);

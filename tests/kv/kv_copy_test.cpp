@@ -1,10 +1,12 @@
-// KvCache copies are deep: equal right after copying, independent afterwards.
+// Copies of a layout and its pages are deep: equal right after copying, independent afterwards.
 #include <gtest/gtest.h>
 
-#include "kv/kv_cache.h"
+#include "support/host_kv.h"
 
 namespace ekva {
 namespace {
+
+using testing::HostKv;
 
 ModelSpec two_layer_shape() {
   ModelSpec s;
@@ -12,13 +14,14 @@ ModelSpec two_layer_shape() {
   s.num_kv_heads = 2;
   s.num_heads = 2;
   s.head_dim = 3;
+  s.max_position = 64;
   return s;
 }
 
-void fill(KvCache& cache, int tokens) {
+void fill(HostKv& cache, int tokens) {
   for (int p = 0; p < tokens; ++p) {
-    for (int l = 0; l < cache.num_layers(); ++l) {
-      for (int h = 0; h < cache.num_kv_heads(); ++h) {
+    for (int l = 0; l < cache.layout.num_layers(); ++l) {
+      for (int h = 0; h < cache.layout.num_kv_heads(); ++h) {
         const float base = 1000.0f * l + 100.0f * h + p;
         const float key[3] = {base, base + 0.25f, base + 0.5f};
         const float value[3] = {-base, -base - 0.25f, -base - 0.5f};
@@ -29,16 +32,16 @@ void fill(KvCache& cache, int tokens) {
         cache.append(0, l, h, key, value, meta);
       }
     }
-    cache.advance(0, 1);
+    cache.layout.advance(0, 1);
   }
 }
 
-void expect_equal(const KvCache& a, const KvCache& b) {
-  ASSERT_EQ(a.retained_tokens(), b.retained_tokens());
-  EXPECT_EQ(a.kv_bytes_in_use(), b.kv_bytes_in_use());
-  EXPECT_EQ(a.next_position(0), b.next_position(0));
-  for (int l = 0; l < a.num_layers(); ++l) {
-    for (int h = 0; h < a.num_kv_heads(); ++h) {
+void expect_equal(const HostKv& a, const HostKv& b) {
+  ASSERT_EQ(a.layout.retained_tokens(), b.layout.retained_tokens());
+  EXPECT_EQ(a.layout.kv_bytes_in_use(), b.layout.kv_bytes_in_use());
+  EXPECT_EQ(a.layout.next_position(0), b.layout.next_position(0));
+  for (int l = 0; l < a.layout.num_layers(); ++l) {
+    for (int h = 0; h < a.layout.num_kv_heads(); ++h) {
       const HeadTable& ta = a.table(0, l, h);
       const HeadTable& tb = b.table(0, l, h);
       ASSERT_EQ(ta.size(), tb.size());
@@ -46,7 +49,7 @@ void expect_equal(const KvCache& a, const KvCache& b) {
         EXPECT_EQ(ta.meta[s].position, tb.meta[s].position);
         EXPECT_EQ(ta.meta[s].expert, tb.meta[s].expert);
         EXPECT_EQ(ta.meta[s].score, tb.meta[s].score);
-        for (int d = 0; d < a.head_dim(); ++d) {
+        for (int d = 0; d < a.layout.head_dim(); ++d) {
           EXPECT_EQ(a.key(0, l, h, s)[d], b.key(0, l, h, s)[d]);
           EXPECT_EQ(a.value(0, l, h, s)[d], b.value(0, l, h, s)[d]);
         }
@@ -55,39 +58,40 @@ void expect_equal(const KvCache& a, const KvCache& b) {
   }
 }
 
-TEST(KvCacheCopy, HoldsTheSameTokensKeysAndValues) {
-  KvCache original(two_layer_shape(), 1, /*page_size=*/4);
+TEST(KvCopy, HoldsTheSameTokensKeysAndValues) {
+  HostKv original(two_layer_shape(), 1, /*page_size=*/4);
   fill(original, 11);  // pages partly filled
-  const KvCache copy = original;
+  const HostKv copy = original;
   expect_equal(original, copy);
   EXPECT_NE(original.key(0, 1, 1, 3), copy.key(0, 1, 1, 3));  // its own pages
 }
 
-TEST(KvCacheCopy, EvictingInTheCopyLeavesTheOriginalAlone) {
-  KvCache original(two_layer_shape(), 1, /*page_size=*/4);
+TEST(KvCopy, EvictingInTheCopyLeavesTheOriginalAlone) {
+  HostKv original(two_layer_shape(), 1, /*page_size=*/4);
   fill(original, 9);
-  KvCache reference(two_layer_shape(), 1, 4);
+  HostKv reference(two_layer_shape(), 1, 4);
   fill(reference, 9);
-  KvCache copy = original;
+  HostKv copy = original;
   for (int i = 0; i < 6; ++i) copy.evict(0, 0, 1, 0);
   const float key[3] = {7, 7, 7};
   copy.append(0, 1, 0, key, key, TokenMeta{});
   EXPECT_EQ(copy.table(0, 0, 1).size(), 3);
   EXPECT_EQ(copy.table(0, 1, 0).size(), 10);
   expect_equal(original, reference);
-  EXPECT_LT(copy.kv_bytes_in_use(), original.kv_bytes_in_use());  // pages released in the copy
+  EXPECT_LT(copy.layout.kv_bytes_in_use(),
+            original.layout.kv_bytes_in_use());  // pages released in the copy
 }
 
-TEST(KvCacheCopy, AssignmentReplacesEverything) {
-  KvCache a(two_layer_shape(), 1, 4);
+TEST(KvCopy, AssignmentReplacesEverything) {
+  HostKv a(two_layer_shape(), 1, 4);
   fill(a, 5);
-  KvCache b(two_layer_shape(), 1, 4);
+  HostKv b(two_layer_shape(), 1, 4);
   fill(b, 13);
   b = a;
   expect_equal(a, b);
-  b.clear_sequence(0);
-  EXPECT_EQ(b.retained_tokens(), 0u);
-  EXPECT_EQ(a.retained_tokens(), 5u * 2 * 2);
+  b.layout.clear_sequence(0);
+  EXPECT_EQ(b.layout.retained_tokens(), 0u);
+  EXPECT_EQ(a.layout.retained_tokens(), 5u * 2 * 2);
 }
 
 }  // namespace

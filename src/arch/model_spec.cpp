@@ -1,4 +1,4 @@
-#include "model/model_spec.h"
+#include "arch/model_spec.h"
 
 namespace ekva {
 

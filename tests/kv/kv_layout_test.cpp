@@ -1,5 +1,3 @@
-#include "kv/kv_cache.h"
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -8,9 +6,12 @@
 
 #include "backend/cpu/ops.h"
 #include "core/error.h"
+#include "support/host_kv.h"
 
 namespace ekva {
 namespace {
+
+using testing::HostKv;
 
 ModelSpec shape(int layers, int kv_heads, int head_dim) {
   ModelSpec s;
@@ -18,6 +19,7 @@ ModelSpec shape(int layers, int kv_heads, int head_dim) {
   s.num_kv_heads = kv_heads;
   s.num_heads = kv_heads;
   s.head_dim = head_dim;
+  s.max_position = 4096;
   return s;
 }
 
@@ -25,31 +27,31 @@ std::vector<float> row(int d, float v) {
   return std::vector<float>(d, v);
 }
 
-TEST(KvCache, AppendEvictSwapRemovesAndReusesPages) {
-  KvCache cache(shape(1, 1, 4), 1, /*page_size=*/4);
+TEST(KvLayout, AppendEvictSwapRemovesAndReusesPages) {
+  HostKv cache(shape(1, 1, 4), 1, /*page_size=*/4);
   for (int p = 0; p < 9; ++p) {
     TokenMeta m;
     m.position = p;
     cache.append(0, 0, 0, row(4, p).data(), row(4, 100 + p).data(), m);
   }
-  EXPECT_EQ(cache.pool().pages_in_use(), 3u);  // 9 tokens in pages of 4
+  EXPECT_EQ(cache.layout.pages_in_use(), 3u);  // 9 tokens in pages of 4
   cache.evict(0, 0, 0, 2);                     // the last slot (position 8) moves into slot 2
   const HeadTable& t = cache.table(0, 0, 0);
   EXPECT_EQ(t.size(), 8);
   EXPECT_EQ(t.meta[2].position, 8);
   EXPECT_EQ(cache.key(0, 0, 0, 2)[0], 8.0f);
   EXPECT_EQ(cache.value(0, 0, 0, 2)[3], 108.0f);
-  EXPECT_EQ(cache.pool().pages_in_use(), 2u);  // the emptied third page went back
+  EXPECT_EQ(cache.layout.pages_in_use(), 2u);  // the emptied third page went back
   TokenMeta m;
   m.position = 9;
   cache.append(0, 0, 0, row(4, 9).data(), row(4, 109).data(), m);
-  EXPECT_EQ(cache.pool().pages_reserved(), 256u);  // reused from the pool, nothing new reserved
-  EXPECT_EQ(cache.kv_bytes_in_use(), 3 * cache.pool().page_bytes());
+  EXPECT_EQ(cache.pages.pages_reserved(), 256u);  // reused from the pool, nothing new reserved
+  EXPECT_EQ(cache.layout.kv_bytes_in_use(), 3 * cache.layout.page_bytes());
 }
 
-TEST(KvCache, BytesAreRetainedTokensPlusAtMostOnePartialPagePerTable) {
+TEST(KvLayout, BytesAreRetainedTokensPlusAtMostOnePartialPagePerTable) {
   const ModelSpec s = shape(3, 2, 8);
-  KvCache cache(s, 2, 16);
+  HostKv cache(s, 2, 16);
   std::mt19937 rng(1);
   for (int seq = 0; seq < 2; ++seq) {
     for (int l = 0; l < 3; ++l) {
@@ -69,13 +71,14 @@ TEST(KvCache, BytesAreRetainedTokensPlusAtMostOnePartialPagePerTable) {
   for (int seq = 0; seq < 2; ++seq)
     for (int l = 0; l < 3; ++l)
       for (int h = 0; h < 2; ++h) pages += (cache.table(seq, l, h).size() + 15) / 16;
-  EXPECT_EQ(cache.kv_bytes_in_use(), pages * cache.pool().page_bytes());
+  EXPECT_EQ(cache.layout.kv_bytes_in_use(), pages * cache.layout.page_bytes());
   const size_t token_bytes = 2 * 8 * sizeof(float);
-  EXPECT_LE(cache.kv_bytes_in_use(), cache.retained_tokens() * token_bytes + 12 * 15 * token_bytes);
+  EXPECT_LE(cache.layout.kv_bytes_in_use(),
+            cache.layout.retained_tokens() * token_bytes + 12 * 15 * token_bytes);
 }
 
-KvCache filled(int n, int page_size) {
-  KvCache cache(shape(1, 1, 4), 1, page_size);
+HostKv filled(int n, int page_size) {
+  HostKv cache(shape(1, 1, 4), 1, page_size);
   for (int p = 0; p < n; ++p) {
     TokenMeta m;
     m.position = p;
@@ -84,8 +87,8 @@ KvCache filled(int n, int page_size) {
   return cache;
 }
 
-TEST(KvCache, EvictFlaggedFillsTheHolesWithTheTailSurvivorsInOrder) {
-  KvCache cache = filled(10, 4);
+TEST(KvLayout, EvictFlaggedFillsTheHolesWithTheTailSurvivorsInOrder) {
+  HostKv cache = filled(10, 4);
   const std::vector<uint8_t> flags = {1, 1, 0, 1, 0, 0, 0, 0, 1, 0};
   cache.evict_flagged(0, 0, 0, flags);
   // Six are kept; the holes 0, 1 and 3 receive the survivors 6, 7 and 9 of the tail [6, 10).
@@ -97,16 +100,16 @@ TEST(KvCache, EvictFlaggedFillsTheHolesWithTheTailSurvivorsInOrder) {
     EXPECT_EQ(cache.key(0, 0, 0, slot)[1], static_cast<float>(expected[slot]));
     EXPECT_EQ(cache.value(0, 0, 0, slot)[3], 100.0f + static_cast<float>(expected[slot]));
   }
-  EXPECT_EQ(cache.pool().pages_in_use(), 2u);
+  EXPECT_EQ(cache.layout.pages_in_use(), 2u);
 }
 
-TEST(KvCache, EvictFlaggedKeepsExactlyTheUnflaggedAndMovesOnlyTheTail) {
+TEST(KvLayout, EvictFlaggedKeepsExactlyTheUnflaggedAndMovesOnlyTheTail) {
   std::mt19937 rng(11);
   for (int trial = 0; trial < 200; ++trial) {
     const int n = 1 + static_cast<int>(rng() % 90);
     const double density = (rng() % 5) / 4.0;
     std::bernoulli_distribution flag(density);
-    KvCache cache = filled(n, 1 + static_cast<int>(rng() % 7));
+    HostKv cache = filled(n, 1 + static_cast<int>(rng() % 7));
     std::vector<uint8_t> flags(n);
     for (auto& f : flags) f = flag(rng);
     cache.evict_flagged(0, 0, 0, flags);
@@ -125,14 +128,14 @@ TEST(KvCache, EvictFlaggedKeepsExactlyTheUnflaggedAndMovesOnlyTheTail) {
     }
     std::sort(kept.begin(), kept.end());
     EXPECT_EQ(kept, expected);
-    EXPECT_EQ(cache.pool().pages_in_use(),
-              (expected.size() + cache.page_size() - 1) / cache.page_size());
+    EXPECT_EQ(cache.layout.pages_in_use(),
+              (expected.size() + cache.layout.page_size() - 1) / cache.layout.page_size());
   }
 }
 
-TEST(KvCache, EvictFlaggedWithOneFlagIsEvict) {
+TEST(KvLayout, EvictFlaggedWithOneFlagIsEvict) {
   for (int slot = 0; slot < 9; ++slot) {
-    KvCache one = filled(9, 4), flagged = filled(9, 4);
+    HostKv one = filled(9, 4), flagged = filled(9, 4);
     one.evict(0, 0, 0, slot);
     std::vector<uint8_t> flags(9, 0);
     flags[slot] = 1;
@@ -143,24 +146,19 @@ TEST(KvCache, EvictFlaggedWithOneFlagIsEvict) {
   }
 }
 
-TEST(KvCache, EvictFlaggedNeedsAFlagPerSlot) {
-  KvCache cache = filled(5, 4);
+TEST(KvLayout, EvictFlaggedNeedsAFlagPerSlot) {
+  HostKv cache = filled(5, 4);
   const std::vector<uint8_t> flags(4, 1);
   EXPECT_THROW(cache.evict_flagged(0, 0, 0, flags), Error);
   EXPECT_EQ(cache.table(0, 0, 0).size(), 5);
 }
 
-TEST(KvCache, EvictOutOfRangeIsAnError) {
-  KvCache cache(shape(1, 1, 4), 1, 4);
-  EXPECT_THROW(cache.evict(0, 0, 0, 0), Error);
-}
-
 // Attention over a ragged, evicted, unordered table equals dense softmax attention over the kept
 // tokens.
-TEST(KvCache, RaggedAttentionEqualsDenseAttentionOverKeptTokens) {
+TEST(KvLayout, RaggedAttentionEqualsDenseAttentionOverKeptTokens) {
   const int d = 24, kv_heads = 2, q_heads = 6, n = 77;
   const ModelSpec s = shape(1, kv_heads, d);
-  KvCache cache(s, 1, 16);
+  HostKv cache(s, 1, 16);
   std::mt19937 rng(7);
   std::normal_distribution<float> normal;
   for (int p = 0; p < n; ++p) {
@@ -180,7 +178,7 @@ TEST(KvCache, RaggedAttentionEqualsDenseAttentionOverKeptTokens) {
   std::vector<float> q(q_heads * d), out(q_heads * d);
   for (auto& x : q) x = normal(rng);
   const int32_t seq = 0, pos = n;
-  cpu::attention(cache, 0, q.data(), &seq, &pos, 1, q_heads, out.data());
+  cpu::attention(cache.layout, cache.pages, 0, q.data(), &seq, &pos, 1, q_heads, out.data());
   for (int h = 0; h < q_heads; ++h) {
     const int kv = h / (q_heads / kv_heads);
     const HeadTable& t = cache.table(0, 0, kv);

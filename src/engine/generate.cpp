@@ -1,4 +1,4 @@
-#include "model/generate.h"
+#include "engine/generate.h"
 
 #include <algorithm>
 #include <chrono>
@@ -6,12 +6,15 @@
 #include <numeric>
 
 #include "core/error.h"
-#include "model/forward.h"
 
 namespace ekva {
 
 Sampler::Sampler(const SamplingOptions& options) : options_(options), rng_(options.seed) {
-  if (options.top_p <= 0.0f || options.top_p > 1.0f) {
+  if (!std::isfinite(options.temperature) || options.temperature < 0.0f) {
+    fail(ErrorKind::kInvalidArgument, "temperature must be a finite number >= 0, got {}",
+         options.temperature);
+  }
+  if (!(options.top_p > 0.0f && options.top_p <= 1.0f)) {
     fail(ErrorKind::kInvalidArgument, "top-p must be in (0, 1], got {}", options.top_p);
   }
   if (options.top_k < 0)
@@ -50,9 +53,10 @@ int32_t Sampler::sample(const float* logits, int vocab) {
   return ids[dist(rng_)];
 }
 
-GenerateResult generate(const Model& model, KvCache& cache, const std::vector<int32_t>& prompt,
-                        const GenerateOptions& options, KvPolicy* policy) {
-  const ModelSpec& s = model.spec();
+GenerateResult generate(Engine& engine, const std::vector<int32_t>& prompt,
+                        const GenerateOptions& options) {
+  const ModelSpec& s = engine.model().spec();
+  const KvLayout& layout = engine.layout();
   if (prompt.empty()) fail(ErrorKind::kInvalidArgument, "the prompt is empty");
   if (options.max_new_tokens < 0) fail(ErrorKind::kInvalidArgument, "max-new-tokens must be >= 0");
   if (static_cast<int64_t>(prompt.size()) > s.max_position) {
@@ -60,27 +64,22 @@ GenerateResult generate(const Model& model, KvCache& cache, const std::vector<in
          "the prompt has {} tokens, longer than the model's context of {}", prompt.size(),
          s.max_position);
   }
-  if (cache.next_position(0) != 0)
+  if (layout.next_position(0) != 0)
     fail(ErrorKind::kInvalidArgument, "generate needs an empty cache");
   using Clock = std::chrono::steady_clock;
-  Forward forward(model, cache);
   Sampler sampler(options.sampling);
   GenerateResult r;
 
-  ForwardBatch batch;
-  for (size_t i = 0; i < prompt.size(); ++i) batch.add(prompt[i], 0, static_cast<int32_t>(i));
-  batch.logit_rows = {batch.size() - 1};
-  if (policy != nullptr) batch.score_query = policy->prefill_score_queries(batch.size());
   auto t0 = Clock::now();
-  std::vector<float> logits = forward.run(batch);
+  std::vector<float> logits = engine.prefill(0, prompt);
   r.prefill_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  r.prefill_tokens = batch.size();
-  if (policy != nullptr) policy->compress(cache, 0, batch.size());
+  r.prefill_tokens = static_cast<int>(prompt.size());
+  engine.compress(0, r.prefill_tokens);
 
   t0 = Clock::now();
   // Stop at the context end rather than fail: the prompt fitted, so what was generated is valid.
-  const int budget = std::min<int64_t>(options.max_new_tokens,
-                                       s.max_position - static_cast<int64_t>(prompt.size()) + 1);
+  const int budget = static_cast<int>(std::min<int64_t>(
+      options.max_new_tokens, s.max_position - static_cast<int64_t>(prompt.size()) + 1));
   for (int i = 0; i < budget; ++i) {
     const int32_t next = sampler.sample(logits.data(), s.vocab_size);
     r.tokens.push_back(next);
@@ -90,26 +89,16 @@ GenerateResult generate(const Model& model, KvCache& cache, const std::vector<in
       break;
     }
     if (i + 1 == budget) break;
-    ForwardBatch step;
-    step.add(next, 0, cache.next_position(0));
-    if (policy != nullptr) step.score_query = {static_cast<uint8_t>(policy->scores_decode())};
-    logits = forward.run(step);
+    logits = engine.decode(0, next);
     ++r.decode_steps;
-    if (policy != nullptr) policy->evict(cache, 0);
   }
   r.decode_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  r.kv_bytes = cache.kv_bytes_in_use();
-  r.retained_tokens = cache.retained_tokens();
+  r.kv_bytes = layout.kv_bytes_in_use();
+  r.retained_tokens = layout.retained_tokens();
   r.total_tokens =
-      static_cast<size_t>(cache.next_position(0)) * cache.num_layers() * cache.num_kv_heads();
-  r.kv_bytes_full = full_cache_bytes(cache, cache.next_position(0));
+      static_cast<size_t>(layout.next_position(0)) * layout.num_layers() * layout.num_kv_heads();
+  r.kv_bytes_full = layout.full_bytes(layout.next_position(0));
   return r;
-}
-
-size_t full_cache_bytes(const KvCache& cache, int64_t tokens) {
-  const size_t pages_per_table =
-      static_cast<size_t>((tokens + cache.page_size() - 1) / cache.page_size());
-  return pages_per_table * cache.num_layers() * cache.num_kv_heads() * cache.pool().page_bytes();
 }
 
 }  // namespace ekva

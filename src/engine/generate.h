@@ -4,9 +4,7 @@
 #include <random>
 #include <vector>
 
-#include "kv/kv_cache.h"
-#include "kv/policy.h"
-#include "model/model.h"
+#include "engine/engine.h"
 
 namespace ekva {
 
@@ -46,12 +44,9 @@ struct GenerateResult {
   size_t total_tokens = 0;     // the same for a full cache
 };
 
-// Generates for one sequence (sequence 0 of `cache`, which must be empty). The policy compresses
-// the cache after prefill and evicts after each decode step; none keeps everything.
-GenerateResult generate(const Model& model, KvCache& cache, const std::vector<int32_t>& prompt,
-                        const GenerateOptions& options, KvPolicy* policy = nullptr);
-
-// Bytes a cache holding every one of `tokens` tokens would use, with the same page layout.
-size_t full_cache_bytes(const KvCache& cache, int64_t tokens);
+// Generates for sequence 0 of the engine, which must be empty. The engine's policy compresses the
+// cache after prefill and evicts after each decode step; without one everything is kept.
+GenerateResult generate(Engine& engine, const std::vector<int32_t>& prompt,
+                        const GenerateOptions& options);
 
 }  // namespace ekva

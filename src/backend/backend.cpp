@@ -1,0 +1,73 @@
+#include "backend/backend.h"
+
+#include <numeric>
+
+#include "core/error.h"
+
+namespace ekva {
+
+StepPlan plan_step(const ModelSpec& spec, const ForwardBatch& batch, KvLayout& layout) {
+  const int n = batch.size();
+  if (batch.seq.size() != batch.tokens.size() || batch.pos.size() != batch.tokens.size() ||
+      (!batch.score_query.empty() && batch.score_query.size() != batch.tokens.size())) {
+    fail(ErrorKind::kInvalidArgument,
+         "forward batch: tokens, seq, pos and score_query differ in length");
+  }
+  for (int i = 0; i < n; ++i) {
+    if (batch.tokens[i] < 0 || batch.tokens[i] >= spec.vocab_size) {
+      fail(ErrorKind::kInvalidArgument, "token id {} at index {} is outside the vocabulary [0, {})",
+           batch.tokens[i], i, spec.vocab_size);
+    }
+    if (batch.seq[i] < 0 || batch.seq[i] >= layout.num_sequences()) {
+      fail(ErrorKind::kInvalidArgument,
+           "sequence {} at index {} is outside the cache's {} sequences", batch.seq[i], i,
+           layout.num_sequences());
+    }
+    if (batch.pos[i] < 0 || batch.pos[i] >= spec.max_position) {
+      fail(ErrorKind::kInvalidArgument,
+           "position {} exceeds the model's context of {} tokens (max_position_embeddings)",
+           batch.pos[i], spec.max_position);
+    }
+  }
+  for (int32_t r : batch.logit_rows) {
+    if (r < 0 || r >= n) fail(ErrorKind::kInvalidArgument, "logit row {} out of range", r);
+  }
+  StepPlan p;
+  p.batch = batch;
+  p.num_layers = spec.num_layers;
+  p.num_sequences = layout.num_sequences();
+  p.num_kv_heads = spec.num_kv_heads;
+  const int H = spec.num_kv_heads;
+  p.slots.resize(static_cast<size_t>(spec.num_layers) * n * H);
+  p.lengths.assign(static_cast<size_t>(spec.num_layers) * p.num_sequences * H, 0);
+  for (int l = 0; l < spec.num_layers; ++l) {
+    for (int t = 0; t < n; ++t) {
+      for (int h = 0; h < H; ++h) {
+        TokenMeta meta;
+        meta.position = batch.pos[t];
+        p.slots[(static_cast<size_t>(l) * n + t) * H + h] = layout.append(batch.seq[t], l, h, meta);
+      }
+    }
+    for (int t = 0; t < n; ++t) {
+      for (int h = 0; h < H; ++h) {
+        p.lengths[(static_cast<size_t>(l) * p.num_sequences + batch.seq[t]) * H + h] =
+            layout.table(batch.seq[t], l, h).size();
+      }
+    }
+  }
+  // Each sequence's next position follows the highest position it received in this batch.
+  for (int t = 0; t < n; ++t) {
+    const int32_t next = batch.pos[t] + 1;
+    if (next > layout.next_position(batch.seq[t]))
+      layout.advance(batch.seq[t], next - layout.next_position(batch.seq[t]));
+  }
+  p.expert_rows = n * std::max(spec.top_k, 1);
+  p.logit_rows = batch.logit_rows;
+  if (p.logit_rows.empty()) {
+    p.logit_rows.resize(n);
+    std::iota(p.logit_rows.begin(), p.logit_rows.end(), 0);
+  }
+  return p;
+}
+
+}  // namespace ekva

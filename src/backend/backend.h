@@ -1,0 +1,114 @@
+#pragma once
+// The seam between the engine and the hardware. A step is planned on the host (plan_step: which
+// slot every token's K/V takes at every layer, what each layer's attention reads, how large the
+// expert row lists can get; testable without a device), then a backend runs it into its own
+// workspaces; evictions decided by a policy (EvictionPlan) are executed by the backend too. The CPU
+// backend is the reference for every other. To add a backend: implement Backend over the same
+// KvLayout page ids with your own page storage, and check it against CpuBackend (tests/backend).
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "arch/model_spec.h"
+#include "kv/eviction_plan.h"
+#include "kv/kv_layout.h"
+#include "kv/kv_pages.h"
+
+namespace ekva {
+
+// Any number of tokens from any sequences, each with its position: prefill (many tokens of a
+// sequence), decode (one token per sequence) and their mix are the same step.
+struct ForwardBatch {
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> seq;
+  std::vector<int32_t> pos;
+  // Tokens whose logits are wanted, as indices into `tokens`; empty: all.
+  std::vector<int32_t> logit_rows;
+  // Per token: 1 when its attention should add to the retained slots' scores; empty: none.
+  std::vector<uint8_t> score_query;
+
+  void add(int32_t token, int32_t sequence, int32_t position) {
+    tokens.push_back(token);
+    seq.push_back(sequence);
+    pos.push_back(position);
+  }
+  int size() const { return static_cast<int>(tokens.size()); }
+};
+
+// Hooks that see a step as it runs on the host (calibration statistics). Default: ignore.
+class ForwardObserver {
+ public:
+  virtual ~ForwardObserver() = default;
+  // Router logits of one MoE layer: n_tokens rows of num_experts. moe_index counts MoE layers only.
+  virtual void on_router_logits(int /*layer*/, int /*moe_index*/, const float* /*logits*/,
+                                int /*n_tokens*/, int /*num_experts*/) {}
+  // One routed expert's output for the tokens routed to it (before the gate): rows.size() x hidden.
+  virtual void on_expert_output(int /*layer*/, int /*expert*/, const std::vector<int32_t>& /*rows*/,
+                                const std::vector<float>& /*gates*/, const float* /*output*/,
+                                int /*hidden*/) {}
+  // An MoE layer after routing: the layout and pages hold this batch's K/V with their routing
+  // metadata; q is the batch's post-RoPE queries [n, q_dim]; experts and gates are [n, top_k],
+  // best first.
+  virtual void on_layer_routed(int /*layer*/, const ForwardBatch& /*batch*/,
+                               const KvLayout& /*layout*/, const KvPages& /*pages*/,
+                               const float* /*q*/, const int32_t* /*experts*/,
+                               const float* /*gates*/, int /*top_k*/) {}
+};
+
+// Keeps every MoE layer's router logits, in the layout of Hugging Face's output_router_logits:
+// logits[moe_index] is [tokens of the batch, num_experts].
+class RouterLogitsRecorder : public ForwardObserver {
+ public:
+  void on_router_logits(int, int moe_index, const float* l, int n, int e) override {
+    if (static_cast<int>(logits.size()) <= moe_index) logits.resize(moe_index + 1);
+    logits[moe_index].insert(logits[moe_index].end(), l, l + static_cast<size_t>(n) * e);
+  }
+  std::vector<std::vector<float>> logits;
+};
+
+struct StepPlan {
+  ForwardBatch batch;
+  int num_layers = 0;
+  int num_sequences = 0;
+  int num_kv_heads = 0;
+  // [layer][token][kv head]: the slot the token's K and V take in its segment.
+  std::vector<int32_t> slots;
+  // [layer][sequence][kv head]: the segment's length once the step's tokens are in; 0 for
+  // sequences the step does not touch. What each layer's attention reads.
+  std::vector<int32_t> lengths;
+  // Rows the expert lists of one MoE layer can hold at most (tokens x top_k).
+  int expert_rows = 0;
+  // Logit rows, resolved: batch.logit_rows, or every token.
+  std::vector<int32_t> logit_rows;
+
+  int32_t slot(int layer, int token, int kv_head) const {
+    return slots[(static_cast<size_t>(layer) * batch.size() + token) * num_kv_heads + kv_head];
+  }
+  int32_t length(int layer, int seq, int kv_head) const {
+    return lengths[(static_cast<size_t>(layer) * num_sequences + seq) * num_kv_heads + kv_head];
+  }
+};
+
+// Checks the batch (token ids against the vocabulary, sequences against the layout, positions
+// against the context; throws kInvalidArgument), reserves a slot for every token at every
+// (layer, KV head) in `layout`, and advances each sequence's next position past its tokens.
+StepPlan plan_step(const ModelSpec& spec, const ForwardBatch& batch, KvLayout& layout);
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  // A copy with its own page storage (one prefill shared by several policies).
+  virtual std::unique_ptr<Backend> clone() const = 0;
+  // Executes a planned step: stores K/V at the planned slots, fills the slots' routing metadata,
+  // adds scores for the batch's scoring queries, and returns logits [rows, vocab] for the plan's
+  // logit rows.
+  virtual std::vector<float> run(const StepPlan& plan, KvLayout& layout,
+                                 ForwardObserver* observer) = 0;
+  // Executes an eviction: pools scores, selects exactly as select_evictions does, and compacts.
+  virtual void apply(const EvictionPlan& plan, KvLayout& layout) = 0;
+  // Drops one routed expert's output at one layer (calibration's loss-contribution ablation);
+  // layer -1 restores the model.
+  virtual void disable_expert(int layer, int expert) = 0;
+};
+
+}  // namespace ekva

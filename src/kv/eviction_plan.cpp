@@ -1,0 +1,85 @@
+#include "kv/eviction_plan.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "core/error.h"
+
+namespace ekva {
+
+std::vector<uint8_t> select_evictions(const HeadTable& t, const SegmentEviction& s) {
+  const int n = t.size();
+  std::vector<uint8_t> evict(n, 1);
+  std::vector<int> candidates;
+  int remaining = s.keep;
+  for (int i = 0; i < n; ++i) {
+    const int32_t p = t.meta[i].position;
+    if (p < s.sinks || p >= s.recent_from) {
+      evict[i] = 0;
+      --remaining;
+    } else {
+      candidates.push_back(i);
+    }
+  }
+  if (remaining <= 0) return evict;
+  std::sort(candidates.begin(), candidates.end(), [&](int a, int b) {
+    return t.meta[a].score > t.meta[b].score ||
+           (t.meta[a].score == t.meta[b].score && t.meta[a].position < t.meta[b].position);
+  });
+  if (!s.quota.empty()) {
+    if (static_cast<int>(s.slot_group.size()) != n) {
+      fail(ErrorKind::kInvalidArgument, "eviction plan: {} group labels for {} slots",
+           s.slot_group.size(), n);
+    }
+    std::vector<int> used(s.quota.size(), 0);
+    std::vector<int> rest;
+    for (int c : candidates) {
+      const int g = s.slot_group[c];
+      if (used[g] < s.quota[g] && remaining > 0) {
+        ++used[g];
+        --remaining;
+        evict[c] = 0;
+      } else {
+        rest.push_back(c);
+      }
+    }
+    candidates = std::move(rest);
+  }
+  for (int i = 0; i < std::min<int>(remaining, static_cast<int>(candidates.size())); ++i)
+    evict[candidates[i]] = 0;
+  return evict;
+}
+
+void apply_on_host(const EvictionPlan& plan, KvLayout& layout, KvPages& pages) {
+  if (plan.pool_kernel > 1) {
+    for (int l = 0; l < layout.num_layers(); ++l) {
+      for (int h = 0; h < layout.num_kv_heads(); ++h)
+        pool_scores(layout.table(plan.seq, l, h), plan.pool_kernel);
+    }
+  }
+  for (const SegmentEviction& segment : plan.segments) {
+    const std::vector<uint8_t> flags =
+        select_evictions(layout.table(plan.seq, segment.layer, segment.kv_head), segment);
+    pages.move_rows(layout.evict_flagged(plan.seq, segment.layer, segment.kv_head, flags));
+  }
+}
+
+void pool_scores(HeadTable& table, int kernel) {
+  const int n = table.size();
+  if (kernel <= 1 || n == 0) return;
+  std::vector<int> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(),
+            [&](int a, int b) { return table.meta[a].position < table.meta[b].position; });
+  std::vector<float> pooled(n);
+  const int half = kernel / 2;
+  for (int i = 0; i < n; ++i) {
+    float m = 0.0f;
+    for (int j = std::max(0, i - half); j <= std::min(n - 1, i + half); ++j)
+      m = std::max(m, table.meta[order[j]].score);
+    pooled[i] = m;
+  }
+  for (int i = 0; i < n; ++i) table.meta[order[i]].score = pooled[i];
+}
+
+}  // namespace ekva

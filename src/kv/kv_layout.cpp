@@ -1,0 +1,122 @@
+#include "kv/kv_layout.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "core/error.h"
+
+namespace ekva {
+
+KvLayout::KvLayout(const ModelSpec& spec, int num_sequences, KvFormat format,
+                   int64_t capacity_pages)
+    : num_sequences_(num_sequences),
+      num_layers_(spec.num_layers),
+      num_kv_heads_(spec.num_kv_heads),
+      head_dim_(spec.head_dim),
+      format_(format),
+      capacity_pages_(capacity_pages) {
+  if (num_sequences <= 0) fail(ErrorKind::kInvalidArgument, "KV cache needs at least one sequence");
+  if (head_dim_ <= 0 || format.page_size <= 0) {
+    fail(ErrorKind::kInvalidArgument,
+         "KV cache needs positive head_dim and page_size, got {} and {}", head_dim_,
+         format.page_size);
+  }
+  if (format.dtype != DType::kF32 && format.dtype != DType::kBF16) {
+    fail(ErrorKind::kUnsupported, "KV cache element type {} (supported: F32, BF16)",
+         dtype_name(format.dtype));
+  }
+  if (capacity_pages_ <= 0) {
+    const int64_t per_table = (std::max(spec.max_position, 1) + format.page_size - 1) /
+                              static_cast<int64_t>(format.page_size);
+    capacity_pages_ = per_table * num_sequences * num_layers_ * num_kv_heads_;
+  }
+  capacity_pages_ = std::min<int64_t>(capacity_pages_, std::numeric_limits<int32_t>::max());
+  tables_.resize(static_cast<size_t>(num_sequences) * num_layers_ * num_kv_heads_);
+  next_position_.assign(num_sequences, 0);
+}
+
+int32_t KvLayout::allocate_page() {
+  int32_t page;
+  if (!free_.empty()) {
+    page = free_.back();
+    free_.pop_back();
+  } else if (high_water_ < capacity_pages_) {
+    page = static_cast<int32_t>(high_water_++);
+  } else {
+    fail(ErrorKind::kOutOfMemory, "KV cache full: all {} pages of {} bytes are in use",
+         capacity_pages_, page_bytes());
+  }
+  ++pages_in_use_;
+  return page;
+}
+
+void KvLayout::release_page(int32_t page) {
+  free_.push_back(page);
+  --pages_in_use_;
+}
+
+int KvLayout::append(int seq, int layer, int kv_head, TokenMeta meta) {
+  HeadTable& t = table(seq, layer, kv_head);
+  const int slot = t.size();
+  if (slot % page_size() == 0) t.pages.push_back(allocate_page());
+  t.meta.push_back(meta);
+  return slot;
+}
+
+std::vector<RowMove> KvLayout::evict_flagged(int seq, int layer, int kv_head,
+                                             const std::vector<uint8_t>& flags) {
+  HeadTable& t = table(seq, layer, kv_head);
+  if (static_cast<int>(flags.size()) != t.size()) {
+    fail(ErrorKind::kInvalidArgument, "evict: {} flags for a table of {} slots", flags.size(),
+         t.size());
+  }
+  const int kept = t.size() - static_cast<int>(std::count_if(flags.begin(), flags.end(),
+                                                             [](uint8_t f) { return f != 0; }));
+  std::vector<RowMove> moves;
+  int survivor = kept;
+  for (int hole = 0; hole < kept; ++hole) {
+    if (flags[hole] == 0) continue;
+    while (flags[survivor] != 0) ++survivor;
+    moves.push_back({address(t, survivor), address(t, hole)});
+    t.meta[hole] = t.meta[survivor++];
+  }
+  t.meta.resize(kept);
+  const size_t pages = (static_cast<size_t>(kept) + page_size() - 1) / page_size();
+  while (t.pages.size() > pages) {
+    release_page(t.pages.back());
+    t.pages.pop_back();
+  }
+  return moves;
+}
+
+void KvLayout::clear_sequence(int seq) {
+  for (int l = 0; l < num_layers_; ++l) {
+    for (int h = 0; h < num_kv_heads_; ++h) {
+      HeadTable& t = table(seq, l, h);
+      for (int32_t p : t.pages) release_page(p);
+      t.pages.clear();
+      t.meta.clear();
+    }
+  }
+  next_position_[seq] = 0;
+}
+
+size_t KvLayout::full_bytes(int64_t tokens) const {
+  const size_t pages_per_table = static_cast<size_t>((tokens + page_size() - 1) / page_size());
+  return pages_per_table * num_layers_ * num_kv_heads_ * page_bytes();
+}
+
+size_t KvLayout::metadata_bytes_in_use() const {
+  size_t bytes = 0;
+  for (const HeadTable& t : tables_)
+    bytes += t.meta.size() * sizeof(TokenMeta) + t.pages.size() * sizeof(int32_t);
+  return bytes;
+}
+
+size_t KvLayout::retained_tokens() const {
+  size_t n = 0;
+  for (const HeadTable& t : tables_) n += t.meta.size();
+  return n;
+}
+
+}  // namespace ekva

@@ -1,0 +1,182 @@
+// The engine's seam: the host plan of a step, byte counts by stored element type, and what a
+// BudgetPlan keeps when it runs through the engine.
+#include "engine/engine.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "support/reference_forward.h"
+
+namespace ekva {
+namespace {
+
+const std::string kModelDir = std::string(EKVA_FIXTURES) + "/../../models/ekva-moe-8m";
+const std::string kMixtral = std::string(EKVA_FIXTURES) + "/hf-tiny/tiny-mixtral";
+
+std::vector<int32_t> prompt_of(int n) {
+  std::vector<int32_t> p(n);
+  for (int i = 0; i < n; ++i) p[i] = 3 + (i * 37) % 200;
+  return p;
+}
+
+TEST(PlanStep, ReservesEverySlotAndSchedulesEveryLayerOnTheHost) {
+  const auto model = Model::load(kMixtral);
+  const ModelSpec& s = model->spec();
+  KvLayout layout(s, 3, KvFormat{4, DType::kF32});
+  ForwardBatch first;  // sequence 0: 6 tokens, sequence 2: 3 tokens
+  for (int t = 0; t < 6; ++t) first.add(10 + t, 0, t);
+  for (int t = 0; t < 3; ++t) first.add(20 + t, 2, t);
+  const StepPlan a = plan_step(s, first, layout);
+  ForwardBatch second;  // one decode token each
+  second.add(1, 0, 6);
+  second.add(2, 2, 3);
+  const StepPlan b = plan_step(s, second, layout);
+  for (int l = 0; l < s.num_layers; ++l) {
+    for (int h = 0; h < s.num_kv_heads; ++h) {
+      for (int t = 0; t < 6; ++t) EXPECT_EQ(a.slot(l, t, h), t);
+      for (int t = 0; t < 3; ++t) EXPECT_EQ(a.slot(l, 6 + t, h), t);
+      EXPECT_EQ(a.length(l, 0, h), 6);
+      EXPECT_EQ(a.length(l, 1, h), 0);
+      EXPECT_EQ(a.length(l, 2, h), 3);
+      EXPECT_EQ(b.slot(l, 0, h), 6);
+      EXPECT_EQ(b.slot(l, 1, h), 3);
+      EXPECT_EQ(b.length(l, 0, h), 7);
+      EXPECT_EQ(b.length(l, 2, h), 4);
+      EXPECT_EQ(layout.table(0, l, h).meta[6].position, 6);
+    }
+  }
+  EXPECT_EQ(layout.next_position(0), 7);
+  EXPECT_EQ(layout.next_position(1), 0);
+  EXPECT_EQ(layout.next_position(2), 4);
+  // Pages of 4: two per segment of sequence 0 and one per segment of sequence 2.
+  EXPECT_EQ(layout.pages_in_use(), static_cast<size_t>(3 * s.num_layers * s.num_kv_heads));
+  EXPECT_EQ(a.expert_rows, 9 * s.top_k);
+  EXPECT_EQ(a.logit_rows.size(), 9u);
+  EXPECT_EQ(b.logit_rows, (std::vector<int32_t>{0, 1}));
+
+  ForwardBatch bad;
+  bad.add(s.vocab_size, 0, 7);
+  EXPECT_THROW(plan_step(s, bad, layout), Error);
+  bad.tokens[0] = 1;
+  bad.seq[0] = 3;
+  EXPECT_THROW(plan_step(s, bad, layout), Error);
+}
+
+TEST(PlanStep, AFullLayoutIsAnOutOfMemoryError) {
+  const auto model = Model::load(kMixtral);
+  KvLayout layout(model->spec(), 1, KvFormat{4, DType::kF32}, /*capacity_pages=*/3);
+  ForwardBatch batch;
+  for (int t = 0; t < 8; ++t) batch.add(5, 0, t);
+  try {
+    plan_step(model->spec(), batch, layout);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kOutOfMemory);
+  }
+}
+
+TEST(Engine, KvBytesArePagesTimesThePageBytesOfTheStoredType) {
+  const auto model = Model::load(kModelDir);
+  const ModelSpec& s = model->spec();
+  std::vector<float> logits[2];
+  size_t bytes[2];
+  for (int i = 0; i < 2; ++i) {
+    EngineOptions o;
+    o.kv.dtype = i == 0 ? DType::kF32 : DType::kBF16;
+    Engine engine(*model, o);
+    logits[i] = engine.prefill(0, prompt_of(70));
+    const KvLayout& layout = engine.layout();
+    const size_t page_bytes = 2 * 16 * static_cast<size_t>(s.head_dim) * (i == 0 ? 4 : 2);
+    EXPECT_EQ(layout.page_bytes(), page_bytes);
+    EXPECT_EQ(layout.pages_in_use(), static_cast<size_t>(5 * s.num_layers * s.num_kv_heads));
+    bytes[i] = layout.kv_bytes_in_use();
+    EXPECT_EQ(bytes[i], layout.pages_in_use() * page_bytes);
+    EXPECT_EQ(layout.full_bytes(70), bytes[i]);
+  }
+  EXPECT_EQ(bytes[0], 2 * bytes[1]);
+  // bf16 K/V change the logits by about bf16's rounding, no more.
+  EXPECT_LE(testing::relative_error(logits[1].data(), logits[0].data(), logits[0].size()), 2e-2);
+  EXPECT_GT(testing::relative_error(logits[1].data(), logits[0].data(), logits[0].size()), 0.0);
+}
+
+// `plan --budget 0.25` then a policy with the plan and no --budget keeps 25% (within one page per
+// segment), and the plan's sinks and recent window are kept on top.
+TEST(Engine, APlanAloneKeepsItsBudgetAndItsSinksAndRecentWindow) {
+  const auto model = Model::load(kModelDir);
+  const ModelSpec& s = model->spec();
+  const int n = 400;
+  for (const std::string name : {"ekva", "ekva-nogroup"}) {
+    PolicyOptions o;
+    o.name = name;
+    o.plan = BudgetPlan::uniform(s, s.num_experts, BudgetPlan::Unit::kFraction, 0.25);
+    Engine plain(*model, {}, o);
+    plain.prefill(0, prompt_of(n));
+    plain.compress(0, n);
+    const size_t segments = static_cast<size_t>(s.num_layers) * s.num_kv_heads;
+    EXPECT_EQ(plain.layout().retained_tokens(), segments * 100) << name;
+    EXPECT_LE(plain.layout().kv_bytes_in_use(),
+              plain.layout().full_bytes(n) / 4 + segments * plain.layout().page_bytes());
+
+    o.plan->sink_tokens = 3;
+    o.plan->recent_tokens = 5;
+    Engine engine(*model, {}, o);
+    engine.prefill(0, prompt_of(n));
+    engine.compress(0, n);
+    for (int l = 0; l < s.num_layers; ++l) {
+      for (int h = 0; h < s.num_kv_heads; ++h) {
+        const HeadTable& t = engine.layout().table(0, l, h);
+        EXPECT_EQ(t.size(), 100 + 3 + 5);
+        for (int32_t p : {0, 1, 2, n - 1, n - 5, n - 16 - 5}) {  // sinks, recent, the window
+          EXPECT_TRUE(std::any_of(t.meta.begin(), t.meta.end(),
+                                  [&](const TokenMeta& m) { return m.position == p; }))
+              << name << " layer " << l << " head " << h << " position " << p;
+        }
+      }
+    }
+    // Decode holds the same total.
+    for (int i = 0; i < 5; ++i) engine.decode(0, 7);
+    EXPECT_EQ(engine.layout().retained_tokens(), segments * 108) << name;
+  }
+}
+
+// A checkpoint whose final norm holds a NaN gives an error naming the model, not tokens.
+TEST(Engine, NonFiniteLogitsAreAnErrorNotTokens) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("ekva_nan_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  fs::copy_file(kMixtral + "/config.json", dir / "config.json",
+                fs::copy_options::overwrite_existing);
+  fs::copy_file(kMixtral + "/model.safetensors", dir / "model.safetensors",
+                fs::copy_options::overwrite_existing);
+  {
+    std::fstream f(dir / "model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    uint64_t header_len = 0;
+    f.read(reinterpret_cast<char*>(&header_len), 8);
+    std::string header(header_len, '\0');
+    f.read(header.data(), static_cast<std::streamsize>(header_len));
+    const auto offsets = nlohmann::json::parse(header)["model.norm.weight"]["data_offsets"];
+    f.seekp(static_cast<std::streamoff>(8 + header_len + offsets[0].get<uint64_t>()));
+    const char nan_bytes[4] = {0, 0, static_cast<char>(0xc0), 0x7f};  // a float32 or bf16 NaN
+    f.write(nan_bytes, 4);
+  }
+  const auto model = Model::load(dir);
+  Engine engine(*model);
+  try {
+    engine.prefill(0, prompt_of(5));
+    ADD_FAILURE() << "NaN logits accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not finite"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(dir.string()), std::string::npos) << e.what();
+  }
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace ekva
