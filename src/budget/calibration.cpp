@@ -9,6 +9,7 @@
 #include "engine/engine.h"
 #include "engine/loss.h"
 #include "io/json_file.h"
+#include "io/model_limits.h"
 
 namespace ekva {
 namespace {
@@ -267,13 +268,24 @@ CalibrationStats CalibrationStats::from_json(const json& j, const std::string& s
     CalibrationStats s;
     const json& m = j.at("model");
     s.model_type = m.at("model_type").get<std::string>();
-    s.num_layers = m.at("num_layers").get<int>();
-    s.num_kv_heads = m.at("num_kv_heads").get<int>();
-    s.num_experts = m.at("num_experts").get<int>();
-    if (s.num_layers <= 0 || s.num_kv_heads <= 0 || s.num_experts <= 0) {
-      fail(ErrorKind::kInvalidFile, "{}: model shape must be positive", source);
-    }
+    // Bounded before anything is sized from them, and never narrowed silently.
+    const auto shape = [&](const char* key, int64_t max) {
+      const json& v = m.at(key);
+      if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > max ||
+          (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(max))) {
+        fail(ErrorKind::kInvalidFile, "{}: model.{} must be an integer in [1, {}]", source, key,
+             max);
+      }
+      return static_cast<int>(v.get<int64_t>());
+    };
+    s.num_layers = shape("num_layers", model_limits::kLayers);
+    s.num_kv_heads = shape("num_kv_heads", model_limits::kHeads);
+    s.num_experts = shape("num_experts", model_limits::kExperts);
     s.grid = j.at("grid").get<std::vector<double>>();
+    for (const double g : s.grid) {
+      if (!(g > 0) || g > 1)
+        fail(ErrorKind::kInvalidFile, "{}: grid value {} is not in (0, 1]", source, g);
+    }
     s.tokens = j.at("tokens").get<int64_t>();
     s.chunks = j.at("chunks").get<int>();
     s.chunk_tokens = j.at("chunk_tokens").get<int>();
@@ -303,6 +315,47 @@ CalibrationStats CalibrationStats::from_json(const json& j, const std::string& s
     s.queries = vec("queries", static_cast<size_t>(s.num_layers) * s.num_kv_heads);
     if (s.moe.size() != static_cast<size_t>(s.num_layers))
       fail(ErrorKind::kInvalidFile, "{}: 'moe' must list every layer", source);
+    // Sums over tokens and queries are finite and not negative (a loss contribution may be
+    // negative); a query's retained mass and key share are at most 1, so their sums are at most
+    // the query count.
+    const auto finite = [&](const char* key, const std::vector<double>& v, bool signed_values) {
+      for (size_t i = 0; i < v.size(); ++i) {
+        if (!std::isfinite(v[i]) || (!signed_values && v[i] < 0)) {
+          fail(ErrorKind::kInvalidFile, "{}: {}[{}] is {}; it must be finite{}", source, key, i,
+               v[i], signed_values ? "" : " and not negative");
+        }
+      }
+    };
+    finite("routing_primary", s.routing_primary, false);
+    finite("routing_topk", s.routing_topk, false);
+    finite("gate_mass", s.gate_mass, false);
+    finite("output_norm", s.output_norm, false);
+    finite("loss_contribution", s.loss_contribution, true);
+    finite("coroute", s.coroute, false);
+    finite("entropy_sum", s.entropy_sum, false);
+    finite("entropy_count", s.entropy_count, false);
+    finite("key_share_sum", s.key_share_sum, false);
+    finite("retention_sum", s.retention_sum, false);
+    finite("queries", s.queries, false);
+    if (!std::isfinite(s.base_loss))
+      fail(ErrorKind::kInvalidFile, "{}: base_loss is not finite", source);
+    for (int l = 0; l < s.num_layers; ++l) {
+      for (int h = 0; h < s.num_kv_heads; ++h) {
+        const double queries = s.queries[static_cast<size_t>(l) * s.num_kv_heads + h];
+        const double most = queries * (1 + 1e-6) + 1e-6;
+        for (int e = 0; e < s.num_experts; ++e) {
+          bool over = s.key_share_sum[s.lhe(l, h, e)] > most;
+          for (size_t g = 0; g < s.grid.size(); ++g) {
+            over = over || s.retention_sum[s.lhe(l, h, e) * s.grid.size() + g] > most;
+          }
+          if (over) {
+            fail(ErrorKind::kInvalidFile,
+                 "{}: layer {} KV head {} expert {} holds more attention than its {} queries saw",
+                 source, l, h, e, queries);
+          }
+        }
+      }
+    }
     return s;
   } catch (const json::exception& e) {
     fail(ErrorKind::kInvalidFile, "{}: malformed calibration stats: {}", source, e.what());

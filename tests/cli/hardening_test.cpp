@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "support/run_ekva.h"
@@ -96,6 +97,26 @@ TEST_F(HardeningCli, DeeplyNestedJsonInEveryFileOption) {
   expect_failure(roofline + "--hw h200 --plan " + deep, "nested deeper than 64 levels");
   expect_failure("plan --stats " + deep + " --budget 0.2 --out " + (dir_ / "p.json").string(),
                  "nested deeper than 64 levels");
+}
+
+TEST_F(HardeningCli, CalibrationStatisticsOutOfRangeAreRefused) {
+  const nlohmann::json stats =
+      nlohmann::json::parse(std::ifstream(kRoot / "fuzz/corpus/calibration_stats/stats.json"));
+  const std::string plan = " --budget 0.2 --out " + (dir_ / "plan.json").string();
+  EXPECT_EQ(testing::run_ekva("plan --stats " + write("ok.json", stats.dump()) + plan).code, 0);
+  nlohmann::json bad = stats;
+  bad["retention_sum"][0] = -1.0;
+  expect_failure("plan --stats " + write("negative.json", bad.dump()) + plan,
+                 "negative.json: retention_sum[0] is -1; it must be finite and not negative");
+  bad = stats;
+  bad["retention_sum"][1] = 1e308;
+  expect_failure("plan --stats " + write("huge.json", bad.dump()) + plan,
+                 "huge.json: layer 0 KV head 0 expert 0 holds more attention than its 4 queries "
+                 "saw");
+  bad = stats;
+  bad["model"]["num_layers"] = 4294967298;
+  expect_failure("plan --stats " + write("layers.json", bad.dump()) + plan,
+                 "layers.json: model.num_layers must be an integer in [1, 1024]");
 }
 
 TEST_F(HardeningCli, OversizedOrNonFiniteValuesAreRefused) {
