@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
+#include <limits>
 
 #include "backend/cpu/ops.h"
 #include "core/error.h"
@@ -261,34 +263,36 @@ CalibrationStats CalibrationStats::from_json(const json& j, const std::string& s
     if (j.at("format") != "ekva.calibration_stats") {
       fail(ErrorKind::kInvalidFile, "{}: format is not 'ekva.calibration_stats'", source);
     }
-    if (j.at("version").get<int>() != kVersion) {
-      fail(ErrorKind::kUnsupported, "{}: calibration stats version {} (this build reads {})",
-           source, j.at("version").dump(), kVersion);
-    }
-    CalibrationStats s;
-    const json& m = j.at("model");
-    s.model_type = m.at("model_type").get<std::string>();
-    // Bounded before anything is sized from them, and never narrowed silently.
-    const auto shape = [&](const char* key, int64_t max) {
-      const json& v = m.at(key);
-      if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > max ||
+    // Integers are bounded before anything is sized from them, and never narrowed silently.
+    const auto integer = [&](const json& parent, const char* key, int64_t min, int64_t max) {
+      const json& v = parent.at(key);
+      if (!v.is_number_integer() || v.get<int64_t>() < min || v.get<int64_t>() > max ||
           (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(max))) {
-        fail(ErrorKind::kInvalidFile, "{}: model.{} must be an integer in [1, {}]", source, key,
+        fail(ErrorKind::kInvalidFile, "{}: '{}' must be an integer in [{}, {}]", source, key, min,
              max);
       }
       return static_cast<int>(v.get<int64_t>());
     };
-    s.num_layers = shape("num_layers", model_limits::kLayers);
-    s.num_kv_heads = shape("num_kv_heads", model_limits::kHeads);
-    s.num_experts = shape("num_experts", model_limits::kExperts);
+    constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();
+    const int version = integer(j, "version", 0, kMaxInt);
+    if (version != kVersion) {
+      fail(ErrorKind::kUnsupported, "{}: calibration stats version {} (this build reads {})",
+           source, version, kVersion);
+    }
+    CalibrationStats s;
+    const json& m = j.at("model");
+    s.model_type = m.at("model_type").get<std::string>();
+    s.num_layers = integer(m, "num_layers", 1, model_limits::kLayers);
+    s.num_kv_heads = integer(m, "num_kv_heads", 1, model_limits::kHeads);
+    s.num_experts = integer(m, "num_experts", 1, model_limits::kExperts);
     s.grid = j.at("grid").get<std::vector<double>>();
     for (const double g : s.grid) {
       if (!(g > 0) || g > 1)
         fail(ErrorKind::kInvalidFile, "{}: grid value {} is not in (0, 1]", source, g);
     }
     s.tokens = j.at("tokens").get<int64_t>();
-    s.chunks = j.at("chunks").get<int>();
-    s.chunk_tokens = j.at("chunk_tokens").get<int>();
+    s.chunks = integer(j, "chunks", 0, kMaxInt);
+    s.chunk_tokens = integer(j, "chunk_tokens", 0, kMaxInt);
     s.base_loss = j.at("base_loss").get<double>();
     s.stats_seconds = j.at("stats_seconds").get<double>();
     s.ablation_seconds = j.at("ablation_seconds").get<double>();

@@ -230,12 +230,14 @@ BudgetPlan BudgetPlan::from_json(const json& j, const std::string& source) {
              plan.num_experts_);
       }
       for (int e = 0; e < plan.num_experts_; ++e) {
-        if (!eg[l][e].is_number_integer()) {
-          fail(ErrorKind::kInvalidFile, "{}: expert_groups[{}][{}] is not an integer", source, l,
-               e);
+        const json& group = eg[l][e];
+        if (!group.is_number_integer() || group.get<int64_t>() < 0 ||
+            group.get<int64_t>() >= plan.num_groups_) {
+          fail(ErrorKind::kInvalidFile, "{}: expert_groups[{}][{}] is not a group in [0, {})",
+               source, l, e, plan.num_groups_);
         }
         try {
-          plan.set_expert_group(l, e, eg[l][e].get<int>());
+          plan.set_expert_group(l, e, static_cast<int>(group.get<int64_t>()));
         } catch (const Error& err) {
           fail(ErrorKind::kInvalidFile, "{}: {}", source, err.what());
         }

@@ -116,7 +116,7 @@ TEST_F(HardeningCli, CalibrationStatisticsOutOfRangeAreRefused) {
   bad = stats;
   bad["model"]["num_layers"] = 4294967298;
   expect_failure("plan --stats " + write("layers.json", bad.dump()) + plan,
-                 "layers.json: model.num_layers must be an integer in [1, 1024]");
+                 "layers.json: 'num_layers' must be an integer in [1, 1024]");
 }
 
 TEST_F(HardeningCli, OversizedOrNonFiniteValuesAreRefused) {
@@ -138,6 +138,13 @@ TEST_F(HardeningCli, OversizedOrNonFiniteValuesAreRefused) {
         "unit": "fraction", "sink_tokens": 0, "recent_tokens": 0, "budgets": []})");
   expect_failure(roofline + " --plan " + plan,
                  "plan.json: field 'num_layers' must be an integer in [0, 1024]");
+  nlohmann::json groups =
+      nlohmann::json::parse(std::ifstream(kRoot / "fuzz/corpus/budget_plan/small.json"));
+  groups["expert_groups"][0][1] = 4294967297;  // read as 1 when narrowed to 32 bits
+  expect_failure("roofline --model " + (kRoot / "tests/fixtures/hf-tiny/tiny-mixtral").string() +
+                     " --hw h200 --batch 1 --context 128 --plan " +
+                     write("groups.json", groups.dump()),
+                 "groups.json: expert_groups[0][1] is not a group in [0, 2)");
   expect_failure("tasks --task passkey --context 16777216 --tokenizer " + kModel + " --out " +
                      (dir_ / "t.jsonl").string(),
                  "--context");
