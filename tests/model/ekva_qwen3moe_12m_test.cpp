@@ -4,7 +4,7 @@
 // tools/train_moe.py --arch qwen3_moe (float32 eager forward on the CPU, transformers 5.17.0).
 #include <gtest/gtest.h>
 
-#include "model/generate.h"
+#include "engine/generate.h"
 #include "support/reference_forward.h"
 
 namespace ekva {
@@ -33,12 +33,11 @@ TEST(Qwen3MoeModel, GreedyGenerationMatchesTransformers) {
   const auto model = Model::load(kModelDir);
   SafetensorsFile ref(kReference);
   const std::vector<int32_t> want = testing::token_ids(ref.get("greedy_output"));
-  KvCache cache(model->spec(), 1);
+  Engine engine(*model);
   GenerateOptions options;
   options.max_new_tokens = static_cast<int>(want.size());
   options.stop_at_eos = false;
-  EXPECT_EQ(generate(*model, cache, testing::token_ids(ref.get("greedy_prompt")), options).tokens,
-            want);
+  EXPECT_EQ(generate(engine, testing::token_ids(ref.get("greedy_prompt")), options).tokens, want);
 }
 
 }  // namespace
