@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets (clang, ASan + UBSan) into build-fuzz/ and runs each named target
+# Builds the libFuzzer targets (clang 16, ASan + UBSan) into build-fuzz/ and runs each named target
 # for SECONDS, one job at a time. TARGET is one of fuzz/CMakeLists.txt's targets or "all".
 #   scripts/fuzz.sh all 5                     # the CI smoke
 #   scripts/fuzz.sh tokenize 3600 -runs=10000000
@@ -21,7 +21,7 @@ if [ "$target" = all ]; then targets=$all; else targets=$target; fi
 if [ ! -f "$build/build.ninja" ]; then
   # -O1 without NDEBUG: quick to build, and the JSON library's assertions stay on.
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-O1 \
-    -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DEKVA_FUZZ=ON -DEKVA_CUDA=OFF \
+    -DCMAKE_C_COMPILER=clang-16 -DCMAKE_CXX_COMPILER=clang++-16 -DEKVA_FUZZ=ON -DEKVA_CUDA=OFF \
     -DEKVA_BUILD_TESTS=OFF -DEKVA_BUILD_BENCH=OFF >/dev/null
 fi
 cmake --build "$build" --parallel "$(nproc)" --target $(printf 'fuzz_%s ' $targets)
