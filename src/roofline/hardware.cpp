@@ -265,7 +265,7 @@ HardwareSpec find_hardware(const std::string& name_or_path) {
     return load_hardware_file(as_path);
   }
   const auto file = hardware_data_dir() / (name_or_path + ".json");
-  if (!std::filesystem::exists(file)) {
+  if (!path_exists(file)) {
     std::string names;
     for (const auto& n : list_hardware_names()) names += (names.empty() ? "" : ", ") + n;
     fail(ErrorKind::kNotFound,

@@ -107,6 +107,11 @@ TEST(Hardware, ErrorsQuoteOnlyAnExcerptOfTheValue) {
   EXPECT_LT(error.size(), 200u);
 }
 
+TEST(Hardware, AnOverlongNameIsAnErrorNotAnException) {
+  // std::filesystem::exists threw for a name longer than the file system allows.
+  EXPECT_THROW(find_hardware(std::string(5000, 'h')), Error);
+}
+
 TEST(Hardware, MalformedFilesAreRejectedNamingTheField) {
   json j = minimal_gpu();
   j.erase("memory_bandwidth_gbps");
