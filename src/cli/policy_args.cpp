@@ -32,6 +32,13 @@ void add_shared_policy_options(CLI::App* cmd, PolicyArgs& args) {
       ->capture_default_str();
   cmd->add_option("--sinks", args.sinks, "Attention-sink tokens kept by policy streaming")
       ->capture_default_str();
+  cmd->add_option("--reserve-threshold", args.reserve.threshold,
+                  "ekva, ekva-random-groups, rarity-tokens: tokens whose surprisal exceeds the "
+                  "mean by this many standard deviations are kept first")
+      ->capture_default_str();
+  cmd->add_option("--reserve-cap", args.reserve.cap,
+                  "... at most this share of a head's room (after the recent window)")
+      ->capture_default_str();
   cmd->add_option("--kv-dtype", args.kv_dtype, "Element type of the stored K and V: f32 or bf16")
       ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();
@@ -50,6 +57,7 @@ PolicyOptions make_policy_options(const PolicyArgs& args, const ModelSpec& spec)
   o.window = args.window;
   o.sinks = args.sinks;
   o.refresh = args.refresh;
+  o.reserve = args.reserve;
   if (!args.plan.empty()) {
     o.plan = BudgetPlan::load(args.plan);
     o.plan->check_model(spec);

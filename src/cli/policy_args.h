@@ -16,6 +16,7 @@ struct PolicyArgs {
   int sinks = 4;
   int refresh = 64;
   std::string kv_dtype = "f32";  // element type the engine stores K and V in
+  ReserveOptions reserve;
 };
 
 // --policy and --budget (its old spelling --kv-budget accepted with a deprecation note), then the

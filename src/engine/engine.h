@@ -38,7 +38,8 @@ class Engine {
 
   // One step over any batch of tokens: plan on the host, run on the backend.
   std::vector<float> step(const ForwardBatch& batch, ForwardObserver* observer = nullptr);
-  // Prefills tokens of `seq` from its next position; the policy's observation queries vote.
+  // Prefills tokens of `seq` from its next position; the policy's observation queries vote, and the
+  // prompt's token ids and routing are kept for the policy's compression.
   // Returns the last token's logits, or every token's when all_logits.
   std::vector<float> prefill(int seq, std::span<const int32_t> tokens, bool all_logits = false,
                              ForwardObserver* observer = nullptr);
@@ -46,13 +47,14 @@ class Engine {
   void compress(int seq, int prompt_len);
   // One token of `seq` at its next position, then eviction back to the budgets. Its logits.
   std::vector<float> decode(int seq, int32_t token);
-  void clear(int seq) { layout_.clear_sequence(seq); }
+  void clear(int seq);
 
  private:
   const Model* model_;
   KvLayout layout_;
   std::unique_ptr<Backend> backend_;
   std::optional<KvPolicy> policy_;
+  std::vector<PromptRouting> prompts_;  // per sequence
 };
 
 }  // namespace ekva

@@ -233,8 +233,9 @@ BudgetPlan BudgetPlan::from_json(const json& j, const std::string& source) {
         const json& group = eg[l][e];
         if (!group.is_number_integer() || group.get<int64_t>() < 0 ||
             group.get<int64_t>() >= plan.num_groups_) {
-          fail(ErrorKind::kInvalidFile, "{}: expert_groups[{}][{}] is not a group in [0, {})",
-               source, l, e, plan.num_groups_);
+          fail(ErrorKind::kInvalidFile,
+               "{}: expert_groups[{}][{}] names group {}, not one in [0, {})", source, l, e,
+               json_excerpt(group), plan.num_groups_);
         }
         try {
           plan.set_expert_group(l, e, static_cast<int>(group.get<int64_t>()));

@@ -14,7 +14,8 @@ std::vector<uint8_t> select_evictions(const HeadTable& t, const SegmentEviction&
   int remaining = s.keep;
   for (int i = 0; i < n; ++i) {
     const int32_t p = t.meta[i].position;
-    if (p < s.sinks || p >= s.recent_from) {
+    if (p < s.sinks || p >= s.recent_from ||
+        std::binary_search(s.pinned.begin(), s.pinned.end(), p)) {
       evict[i] = 0;
       --remaining;
     } else {

@@ -19,6 +19,7 @@ struct SegmentEviction {
   int32_t recent_from = 0;  // positions at or after this are kept
   std::vector<int> quota;   // per group: the best-scored slots kept first; empty: no groups
   std::vector<int16_t> slot_group;  // per slot, when quota is given
+  std::vector<int32_t> pinned;      // positions kept as well (ascending): a policy's reserve
 };
 
 // One sequence's eviction.
@@ -31,7 +32,8 @@ struct EvictionPlan {
   std::vector<SegmentEviction> segments;
 };
 
-// The reference selection of one segment, flags per slot (1: evict). Protected slots stay; of the
+// The reference selection of one segment, flags per slot (1: evict). Protected slots (sinks, the
+// recent window, pinned positions) stay and count towards keep; of the
 // others, each group first keeps its best up to its quota, then the best of the rest fill the
 // remaining room. Best: higher score, then earlier position.
 std::vector<uint8_t> select_evictions(const HeadTable& table, const SegmentEviction& segment);

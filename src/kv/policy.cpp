@@ -19,9 +19,10 @@ uint64_t mix(uint64_t x) {  // splitmix64 finaliser: a stable hash for the rando
 }  // namespace
 
 const std::vector<std::string>& KvPolicy::names() {
-  static const std::vector<std::string> n = {
-      "full", "streaming",          "h2o",          "snapkv",     "pyramidkv", "adakv",
-      "ekva", "ekva-random-groups", "ekva-nogroup", "ekva-online"};
+  static const std::vector<std::string> n = {"full",         "streaming",   "h2o",
+                                             "snapkv",       "pyramidkv",   "adakv",
+                                             "ekva",         "ekva-quota",  "ekva-random-groups",
+                                             "ekva-nogroup", "ekva-online", "rarity-tokens"};
   return n;
 }
 
@@ -30,10 +31,10 @@ KvPolicy::KvPolicy(const PolicyOptions& options, const ModelSpec& spec)
       num_layers_(spec.num_layers),
       num_kv_heads_(spec.num_kv_heads),
       spec_(spec) {
-  static const Kind kinds[] = {Kind::kFull,      Kind::kStreaming,        Kind::kH2o,
-                               Kind::kSnapKv,    Kind::kPyramidKv,        Kind::kAdaKv,
-                               Kind::kEkva,      Kind::kEkvaRandomGroups, Kind::kEkvaNoGroup,
-                               Kind::kEkvaOnline};
+  static const Kind kinds[] = {Kind::kFull,        Kind::kStreaming,  Kind::kH2o,
+                               Kind::kSnapKv,      Kind::kPyramidKv,  Kind::kAdaKv,
+                               Kind::kEkva,        Kind::kEkvaQuota,  Kind::kEkvaRandomGroups,
+                               Kind::kEkvaNoGroup, Kind::kEkvaOnline, Kind::kRarityTokens};
   const auto it = std::find(names().begin(), names().end(), options.name);
   if (it == names().end()) {
     fail(ErrorKind::kInvalidArgument, "unknown KV policy '{}' (known: {})", options.name,
@@ -45,6 +46,12 @@ KvPolicy::KvPolicy(const PolicyOptions& options, const ModelSpec& spec)
       options.ada_floor > 1 || options.refresh < 1) {
     fail(ErrorKind::kInvalidArgument,
          "KV policy: window, sinks must be >= 0, pool kernel >= 1, ada floor in [0, 1]");
+  }
+  if (!std::isfinite(options.reserve.threshold) || !(options.reserve.cap >= 0.0) ||
+      options.reserve.cap > 1.0) {
+    fail(ErrorKind::kInvalidArgument,
+         "KV policy: the reserve threshold {} must be finite and its cap {} in [0, 1]",
+         options.reserve.threshold, options.reserve.cap);
   }
   if (options.plan) options.plan->check_model(spec);
   num_groups_ = options.plan ? options.plan->num_groups() : spec.num_experts;
@@ -70,14 +77,42 @@ bool KvPolicy::scores_decode() const {
   return kind_ != Kind::kFull && kind_ != Kind::kStreaming;
 }
 
-int KvPolicy::group_of(int layer, const TokenMeta& meta) const {
-  if (kind_ == Kind::kEkvaRandomGroups) {
-    const int experts = options_.plan ? options_.plan->num_experts() : num_groups_;
-    const int e = static_cast<int>(mix(options_.seed ^ (static_cast<uint64_t>(layer) << 32) ^
-                                       static_cast<uint32_t>(meta.position)) %
-                                   static_cast<uint64_t>(experts));
-    return options_.plan ? options_.plan->group_of(layer, e) : e;
+std::vector<double> KvPolicy::surprisal(const PromptRouting& prompt, int prompt_len) const {
+  if (kind_ == Kind::kRarityTokens) {
+    if (static_cast<int>(prompt.tokens.size()) != prompt_len) {
+      fail(ErrorKind::kInvalidArgument, "KV policy {}: {} prompt token ids for a prompt of {}",
+           options_.name, prompt.tokens.size(), prompt_len);
+    }
+    return token_rarity_surprisal(prompt.tokens);
   }
+  if (kind_ == Kind::kEkva) return routing_surprisal(prompt.layers, prompt_len);
+  // ekva-random-groups: the same surprisal over expert labels drawn at random per (layer,
+  // position), with the real routers' top-k, so only the information in the routing is removed.
+  std::vector<LayerRouting> random = prompt.layers;
+  for (size_t l = 0; l < random.size(); ++l) {
+    LayerRouting& r = random[l];
+    const uint64_t experts = static_cast<uint64_t>(std::max(num_groups_, r.top_k));
+    for (int t = 0; t < prompt_len; ++t) {
+      int32_t* chosen = r.experts.data() + static_cast<size_t>(t) * r.top_k;
+      for (int i = 0; i < r.top_k; ++i) {
+        uint64_t draw = mix(options_.seed ^ (l << 48) ^ (static_cast<uint64_t>(t) << 8) ^ i);
+        int32_t e;
+        do {  // distinct experts within a token's top-k
+          e = static_cast<int32_t>(draw % experts);
+          draw = mix(draw);
+        } while (std::find(chosen, chosen + i, e) != chosen + i);
+        chosen[i] = e;
+      }
+      if (!r.gates.empty()) {
+        std::fill_n(r.gates.begin() + static_cast<ptrdiff_t>(t) * r.top_k, r.top_k,
+                    1.0f / static_cast<float>(r.top_k));
+      }
+    }
+  }
+  return routing_surprisal(random, prompt_len);
+}
+
+int KvPolicy::group_of(int layer, const TokenMeta& meta) const {
   if (meta.expert < 0) return 0;  // dense layers have no routing: one group
   return options_.plan ? options_.plan->group_of(layer, meta.expert) : meta.expert % num_groups_;
 }
@@ -89,13 +124,38 @@ int KvPolicy::head_budget(int seq, int layer, int kv_head) const {
 
 void KvPolicy::plan_budgets(const KvLayout& layout, int seq, int prompt_len) {
   const int L = num_layers_, H = num_kv_heads_;
-  // Only the ekva family reads a plan; the baselines split their budget their own way.
-  const bool uses_plan = grouped() || kind_ == Kind::kEkvaNoGroup;
-  const BudgetPlan* plan = uses_plan && options_.plan ? &*options_.plan : nullptr;
+  // Only the ekva family and its controls read a plan; the baselines split their budget their own
+  // way.
+  const BudgetPlan* plan = uses_plan() && options_.plan ? &*options_.plan : nullptr;
   SequenceBudgets b;
   b.budgets = resolve_budgets(spec_, plan, options_.budget, prompt_len);
   std::vector<int>& head = b.budgets.head;
   const int base = head.empty() ? 1 : head[0];  // without a plan every head starts equal
+  if (head_adaptive()) {
+    // Ada-KV: per layer, a floor per head, then the rest of the layer's budget goes to the best
+    // (pooled) scores across its heads.
+    for (int l = 0; l < L; ++l) {
+      int64_t layer_total = 0;
+      for (int h = 0; h < H; ++h) layer_total += head[static_cast<size_t>(l) * H + h];
+      const int floor =
+          static_cast<int>(std::floor(options_.ada_floor * static_cast<double>(layer_total) / H));
+      std::vector<std::pair<float, int>> candidates;
+      for (int h = 0; h < H; ++h) {
+        HeadTable pooled = layout.table(seq, l, h);
+        pool_scores(pooled, options_.pool_kernel);
+        std::vector<float> s;
+        for (const TokenMeta& m : pooled.meta) s.push_back(m.score);
+        std::sort(s.begin(), s.end(), std::greater<>());
+        for (size_t i = floor; i < s.size(); ++i) candidates.emplace_back(s[i], h);
+      }
+      const int extra = static_cast<int>(std::min<int64_t>(
+          layer_total - static_cast<int64_t>(floor) * H, static_cast<int64_t>(candidates.size())));
+      std::partial_sort(candidates.begin(), candidates.begin() + extra, candidates.end(),
+                        std::greater<>());
+      for (int h = 0; h < H; ++h) head[static_cast<size_t>(l) * H + h] = std::max(1, floor);
+      for (int i = 0; i < extra; ++i) ++head[static_cast<size_t>(l) * H + candidates[i].second];
+    }
+  }
   switch (kind_) {
     case Kind::kPyramidKv: {
       // Budgets shrink linearly with depth, from 1.5x to 0.5x the mean, summing to L x base per
@@ -106,28 +166,6 @@ void KvPolicy::plan_budgets(const KvLayout& layout, int seq, int prompt_len) {
       for (int l = 0; l < L; ++l) {
         for (int h = 0; h < H; ++h)
           head[static_cast<size_t>(l) * H + h] = std::max(1, per_layer[l]);
-      }
-    } break;
-    case Kind::kAdaKv: {
-      // Per layer: a floor per head, then the layer's remaining budget goes to the best
-      // (pooled) scores across heads.
-      const int floor = static_cast<int>(std::floor(options_.ada_floor * base));
-      for (int l = 0; l < L; ++l) {
-        std::vector<std::pair<float, int>> candidates;
-        for (int h = 0; h < H; ++h) {
-          HeadTable pooled = layout.table(seq, l, h);
-          pool_scores(pooled, options_.pool_kernel);
-          std::vector<float> s;
-          for (const TokenMeta& m : pooled.meta) s.push_back(m.score);
-          std::sort(s.begin(), s.end(), std::greater<>());
-          for (size_t i = floor; i < s.size(); ++i) candidates.emplace_back(s[i], h);
-        }
-        const int extra = static_cast<int>(std::min<int64_t>(
-            static_cast<int64_t>(base - floor) * H, static_cast<int64_t>(candidates.size())));
-        std::partial_sort(candidates.begin(), candidates.begin() + extra, candidates.end(),
-                          std::greater<>());
-        for (int h = 0; h < H; ++h) head[static_cast<size_t>(l) * H + h] = std::max(1, floor);
-        for (int i = 0; i < extra; ++i) ++head[static_cast<size_t>(l) * H + candidates[i].second];
       }
     } break;
     default:
@@ -170,6 +208,14 @@ SegmentEviction KvPolicy::segment(const KvLayout& layout, int seq, int layer, in
     recent = std::min(options_.window, budget) + b.budgets.recent;
   }
   s.recent_from = end - recent;
+  if (!b.reserve.empty()) {
+    // The reserve takes at most its cap of the room the window leaves, so that the protected
+    // tokens never exceed the budget.
+    const int room = budget - std::min(options_.window, budget);
+    const size_t n = std::min(reserve_limit(options_.reserve.cap, room), b.reserve.size());
+    s.pinned.assign(b.reserve.begin(), b.reserve.begin() + static_cast<ptrdiff_t>(n));
+    std::sort(s.pinned.begin(), s.pinned.end());
+  }
   if (grouped()) {
     const int G = num_groups_;
     const int* quota = b.group.data() + (static_cast<size_t>(layer) * num_kv_heads_ + kv_head) * G;
@@ -182,11 +228,16 @@ SegmentEviction KvPolicy::segment(const KvLayout& layout, int seq, int layer, in
   return s;
 }
 
-EvictionPlan KvPolicy::compress(const KvLayout& layout, int seq, int prompt_len) {
+EvictionPlan KvPolicy::compress(const KvLayout& layout, int seq, int prompt_len,
+                                const PromptRouting& prompt) {
   EvictionPlan plan;
   plan.seq = seq;
   if (kind_ == Kind::kFull) return plan;
   plan_budgets(layout, seq, prompt_len);
+  if (reserves()) {
+    budgets_[seq].reserve =
+        surprisal_outliers(surprisal(prompt, prompt_len), options_.reserve.threshold);
+  }
   plan.pool_kernel = pools_scores() ? options_.pool_kernel : 1;
   for (int l = 0; l < num_layers_; ++l) {
     for (int h = 0; h < num_kv_heads_; ++h) {

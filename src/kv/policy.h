@@ -13,6 +13,7 @@
 #include "kv/eviction_plan.h"
 #include "kv/kv_budget.h"
 #include "kv/kv_layout.h"
+#include "kv/surprisal.h"
 
 namespace ekva {
 
@@ -26,8 +27,17 @@ struct PolicyOptions {
   int pool_kernel = 7;     // SnapKV: max-pool width over positions
   double ada_floor = 0.2;  // Ada-KV: each head keeps at least this share of the mean head budget
   int refresh = 64;        // ekva-online: decode steps between group-budget refreshes
+  // ekva, ekva-random-groups, rarity-tokens: the surprisal reserve (surprisal.h)
+  ReserveOptions reserve;
   std::optional<BudgetPlan> plan;  // budgets per (layer, head, group); ekva's groups
   uint64_t seed = 0;               // ekva-random-groups: the random expert labels
+};
+
+// What a prompt was, for policies that read more than the layout's metadata: its token ids and
+// each MoE layer's routing of it (experts and gates per token).
+struct PromptRouting {
+  std::vector<int32_t> tokens;
+  std::vector<LayerRouting> layers;
 };
 
 class KvPolicy {
@@ -45,7 +55,8 @@ class KvPolicy {
   bool scores_decode() const;
   // Right after a sequence's prompt of prompt_len tokens was prefilled: fixes the budgets that
   // decode-time eviction then holds, and says what to evict now.
-  EvictionPlan compress(const KvLayout& layout, int seq, int prompt_len);
+  EvictionPlan compress(const KvLayout& layout, int seq, int prompt_len,
+                        const PromptRouting& prompt = {});
   // After a decode step appended one token per (layer, KV head): brings every segment back within
   // its budget, all segments in one plan.
   EvictionPlan evict(const KvLayout& layout, int seq);
@@ -61,20 +72,27 @@ class KvPolicy {
     kPyramidKv,
     kAdaKv,
     kEkva,
+    kEkvaQuota,
     kEkvaRandomGroups,
     kEkvaNoGroup,
-    kEkvaOnline
+    kEkvaOnline,
+    kRarityTokens
   };
   struct SequenceBudgets {
-    KvBudgets budgets;       // per (layer, KV head), before the plan's sinks and recent
-    std::vector<int> group;  // [layer][kv head][group]; empty unless grouped
-    int steps = 0;           // decode steps since compression
+    KvBudgets budgets;         // per (layer, KV head), before the plan's sinks and recent
+    std::vector<int> group;    // [layer][kv head][group]; empty unless grouped
+    std::vector<int> reserve;  // surprisal outliers, most surprising first (reserving policies)
+    int steps = 0;             // decode steps since compression
   };
 
   int group_of(int layer, const TokenMeta& meta) const;
-  bool grouped() const {
-    return kind_ == Kind::kEkva || kind_ == Kind::kEkvaRandomGroups || kind_ == Kind::kEkvaOnline;
+  bool grouped() const { return kind_ == Kind::kEkvaQuota || kind_ == Kind::kEkvaOnline; }
+  bool reserves() const {
+    return kind_ == Kind::kEkva || kind_ == Kind::kEkvaRandomGroups || kind_ == Kind::kRarityTokens;
   }
+  bool head_adaptive() const { return kind_ == Kind::kAdaKv || reserves(); }
+  bool uses_plan() const { return kind_ >= Kind::kEkva && kind_ <= Kind::kRarityTokens; }
+  std::vector<double> surprisal(const PromptRouting& prompt, int prompt_len) const;
   bool pools_scores() const { return kind_ != Kind::kStreaming && kind_ != Kind::kH2o; }
   // ekva-online: group budgets follow the attention mass each group's retained tokens drew so far.
   void refresh_group_budgets(const KvLayout& layout, int seq);

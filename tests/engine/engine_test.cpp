@@ -112,7 +112,7 @@ TEST(Engine, APlanAloneKeepsItsBudgetAndItsSinksAndRecentWindow) {
   const auto model = Model::load(kModelDir);
   const ModelSpec& s = model->spec();
   const int n = 400;
-  for (const std::string name : {"ekva", "ekva-nogroup"}) {
+  for (const std::string name : {"ekva-quota", "ekva-nogroup"}) {
     PolicyOptions o;
     o.name = name;
     o.plan = BudgetPlan::uniform(s, s.num_experts, BudgetPlan::Unit::kFraction, 0.25);

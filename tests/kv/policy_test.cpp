@@ -97,7 +97,7 @@ TEST(Policy, EkvaFillsEachGroupQuotaFromItsOwnTokens) {
   const auto model = Model::load(kQwen2);
   const ModelSpec& s = model->spec();
   PolicyOptions o;
-  o.name = "ekva";
+  o.name = "ekva-quota";
   o.budget = 0.5;
   o.window = 4;
   Engine engine(*model, {}, o);
@@ -133,6 +133,52 @@ TEST(Policy, EkvaFillsEachGroupQuotaFromItsOwnTokens) {
       EXPECT_EQ(total, 116);
     }
   }
+}
+
+// ekva keeps its surprisal outliers first and holds them through decode; with no outliers (a
+// threshold no token reaches) it is exactly Ada-KV.
+TEST(Policy, EkvaPinsItsSurprisalReserveOnAdaKvBudgets) {
+  const auto model = Model::load(kQwen2);
+  const ModelSpec& s = model->spec();
+  const int n = 240;
+  std::vector<int32_t> prompt(n, 7);  // one token repeated, with two rare ones in the middle
+  prompt[60] = 150;
+  prompt[61] = 151;
+  PolicyOptions o;
+  o.name = "rarity-tokens";
+  o.budget = 0.2;
+  o.reserve.threshold = 3.0;
+  Engine engine(*model, {}, o);
+  engine.prefill(0, prompt);
+  engine.compress(0, n);
+  for (int step = 0; step < 20; ++step) engine.decode(0, 7);
+  for (int l = 0; l < s.num_layers; ++l) {
+    for (int h = 0; h < s.num_kv_heads; ++h) {
+      std::set<int32_t> kept;
+      for (const TokenMeta& m : engine.layout().table(0, l, h).meta) kept.insert(m.position);
+      EXPECT_TRUE(kept.count(60) && kept.count(61)) << "layer " << l << " head " << h;
+    }
+  }
+  // A threshold nothing exceeds: the same retained set as Ada-KV.
+  std::vector<std::set<int32_t>> retained[2];
+  for (int i = 0; i < 2; ++i) {
+    PolicyOptions p;
+    p.name = i == 0 ? "adakv" : "ekva";
+    p.budget = 0.2;
+    p.reserve.threshold = 1e9;
+    Engine e(*model, {}, p);
+    e.prefill(0, prompt_of(n));
+    e.compress(0, n);
+    for (int step = 0; step < 10; ++step) e.decode(0, 5 + step);
+    for (int l = 0; l < s.num_layers; ++l) {
+      for (int h = 0; h < s.num_kv_heads; ++h) {
+        std::set<int32_t> kept;
+        for (const TokenMeta& m : e.layout().table(0, l, h).meta) kept.insert(m.position);
+        retained[i].push_back(kept);
+      }
+    }
+  }
+  EXPECT_EQ(retained[0], retained[1]);
 }
 
 TEST(Policy, RejectsUnknownNamesBadBudgetsAndForeignPlans) {

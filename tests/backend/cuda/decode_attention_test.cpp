@@ -31,8 +31,8 @@ struct Case {
 };
 
 // Reference weights: per slot, the softmax weight summed over the group's query heads, in double.
-std::vector<double> reference_weights(const HostKv& cache, const std::vector<float>& q, int seq,
-                                      int kv_head, int group) {
+std::vector<double> reference_weights(const testing::HostKv& cache, const std::vector<float>& q,
+                                      int seq, int kv_head, int group) {
   const HeadTable& t = cache.table(seq, 0, kv_head);
   const int d = cache.head_dim();
   const int num_q_heads = cache.num_kv_heads() * group;
@@ -64,7 +64,8 @@ void run_case(const Case& c, uint32_t seed) {
   for (int32_t& l : lengths) l = length(rng);
   if (c.fixed_length > 0) lengths[0] = c.fixed_length;
 
-  HostKv cache(testing::kv_spec(c.num_kv_heads, c.head_dim, c.group), c.num_sequences, c.page_size);
+  testing::HostKv cache(testing::kv_spec(c.num_kv_heads, c.head_dim, c.group), c.num_sequences,
+                        c.page_size);
   testing::fill_cache(cache, lengths, rng);
   DeviceKvLayer kv(cache.layout, cache.pages, 0);
 
@@ -193,7 +194,7 @@ TEST_F(DecodeAttentionTest, FusedScoresMatchReferenceWeights) {
 TEST_F(DecodeAttentionTest, RejectsMisalignedBuffers) {
   const std::vector<int32_t> lengths = {5, 7};
   std::mt19937 rng(51);
-  HostKv cache(testing::kv_spec(2, 128, 4), 1, 16);
+  testing::HostKv cache(testing::kv_spec(2, 128, 4), 1, 16);
   testing::fill_cache(cache, lengths, rng);
   DeviceKvLayer kv(cache.layout, cache.pages, 0);
   const DecodeAttentionPlan plan({1, 8, 2, 128, 16, false}, lengths);

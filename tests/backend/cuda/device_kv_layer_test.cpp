@@ -29,7 +29,7 @@ TEST_F(DeviceKvLayerTest, EmbeddedModelDecodeAttentionMatchesCpu) {
   const int num_sequences = 5;
   const int layer = spec.num_layers - 1;
   std::mt19937 rng(5);
-  HostKv cache(spec, num_sequences);
+  testing::HostKv cache(spec, num_sequences);
   std::uniform_int_distribution<int> length(0, testing::small_sizes() ? 60 : 3000);
   std::uniform_real_distribution<float> value(-1.0f, 1.0f);
   std::vector<float> k(spec.head_dim), v(spec.head_dim);

@@ -38,7 +38,7 @@ TEST_F(KvOpsTest, AppendAppliesRopeLikeCpu) {
     std::mt19937 rng(7 + head_dim);
     const int num_sequences = 5, num_kv_heads = 3, page_size = 16;
     // Existing ragged content, then one new token per sequence and a 37-token chunk for sequence 2.
-    HostKv cache(testing::kv_spec(num_kv_heads, head_dim, 1), num_sequences, page_size);
+    testing::HostKv cache(testing::kv_spec(num_kv_heads, head_dim, 1), num_sequences, page_size);
     const std::vector<int32_t> lengths = random_lengths(num_sequences * num_kv_heads, 40, rng);
     testing::fill_cache(cache, lengths, rng);
     std::vector<int32_t> sequences = {0, 1, 2, 3, 4};
@@ -133,7 +133,7 @@ TEST_F(KvOpsTest, EvictFlaggedMatchesKvLayoutEvictFlagged) {
     SCOPED_TRACE(::testing::Message() << "page_size " << page_size);
     std::mt19937 rng(100 + page_size);
     const int num_sequences = small ? 3 : 11, num_kv_heads = 2, head_dim = 128;
-    HostKv cache(testing::kv_spec(num_kv_heads, head_dim, 4), num_sequences, page_size);
+    testing::HostKv cache(testing::kv_spec(num_kv_heads, head_dim, 4), num_sequences, page_size);
     std::vector<int32_t> lengths =
         random_lengths(num_sequences * num_kv_heads, small ? 200 : 5000, rng);
     lengths[1] = 33;  // evicted whole below
@@ -201,7 +201,7 @@ TEST_F(KvOpsTest, SelectEvictionsKeepsTopScoresPerGroup) {
   std::mt19937 rng(5);
   const int num_sequences = small ? 2 : 6, num_kv_heads = 2, head_dim = 64, page_size = 16;
   const int num_experts = 8, num_groups = 4, sink_tokens = 3;
-  HostKv cache(testing::kv_spec(num_kv_heads, head_dim, 4), num_sequences, page_size);
+  testing::HostKv cache(testing::kv_spec(num_kv_heads, head_dim, 4), num_sequences, page_size);
   const std::vector<int32_t> lengths =
       random_lengths(num_sequences * num_kv_heads, small ? 300 : 20000, rng);
   testing::fill_cache(cache, lengths, rng, num_experts);
