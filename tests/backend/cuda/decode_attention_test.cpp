@@ -78,8 +78,8 @@ void run_case(const Case& c, uint32_t seed) {
   std::vector<int32_t> seq(c.num_sequences), pos(c.num_sequences, std::numeric_limits<int>::max());
   for (int s = 0; s < c.num_sequences; ++s) seq[s] = s;
   std::vector<float> expected(q.size());
-  cpu::attention(cache, 0, q.data(), seq.data(), pos.data(), c.num_sequences, num_q_heads,
-                 expected.data());
+  cpu::attention(cache.layout, cache.pages, 0, q.data(), seq.data(), pos.data(), c.num_sequences,
+                 num_q_heads, expected.data());
 
   const DecodeAttentionShape shape{c.num_sequences, num_q_heads, c.num_kv_heads,
                                    c.head_dim,      c.page_size, c.with_scores};

@@ -59,8 +59,8 @@ TEST_F(DeviceKvLayerTest, EmbeddedModelDecodeAttentionMatchesCpu) {
   std::vector<int32_t> seq(num_sequences), pos(num_sequences, std::numeric_limits<int>::max());
   for (int s = 0; s < num_sequences; ++s) seq[s] = s;
   std::vector<float> expected(elems);
-  cpu::attention(cache, layer, q.data(), seq.data(), pos.data(), num_sequences, spec.num_heads,
-                 expected.data());
+  cpu::attention(cache.layout, cache.pages, layer, q.data(), seq.data(), pos.data(), num_sequences,
+                 spec.num_heads, expected.data());
   double err2 = 0.0, ref2 = 0.0;
   for (size_t i = 0; i < elems; ++i) {
     ASSERT_FALSE(std::isnan(got[i])) << "element " << i;
