@@ -12,7 +12,8 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "eval/evaluate.h"
-#include "eval/repository.h"
+#include "io/json_file.h"
+#include "io/repository.h"
 #include "tokenizer/tokenizer.h"
 
 namespace ekva::cli {
@@ -46,7 +47,7 @@ int run_demo(const DemoArgs& a) {
 
   // 1. Calibration on held-out text that the evaluation never uses (data/calibration/README.md).
   const fs::path calibration_file = repository_path(a.calibration);
-  const std::vector<int32_t> ids = tokenizer->encode(file_text(calibration_file), false);
+  const std::vector<int32_t> ids = tokenizer->encode(read_text_file(calibration_file), false);
   CalibrationOptions calibration_options;
   const auto chunks =
       calibration_chunks(ids, calibration_options.chunk_tokens, a.calibration_tokens);

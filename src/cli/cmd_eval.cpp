@@ -7,8 +7,9 @@
 #include "cli/policy_args.h"
 #include "eval/evaluate.h"
 #include "eval/report.h"
-#include "eval/repository.h"
 #include "io/atomic_file.h"
+#include "io/json_file.h"
+#include "io/repository.h"
 #include "tokenizer/tokenizer.h"
 
 namespace ekva::cli {
@@ -67,7 +68,7 @@ int run_eval(const EvalArgs& a) {
   options.samples = a.samples;
   options.seed = a.seed;
   options.mode = parse_query_mode(a.mode);
-  if (ppl) options.heldout_text = file_text(repository_path(a.heldout));
+  if (ppl) options.heldout_text = read_text_file(repository_path(a.heldout));
   options.ppl_tokens = a.ppl_tokens;
   options.kv = kv_format(a.kv);
   options.progress = [](int done, int total) {
@@ -104,7 +105,7 @@ int run_eval(const EvalArgs& a) {
       files.emplace_back(fmt::format("chart-{}.svg", task.name()),
                          score_chart_svg(std::string(task.name()), scores));
     }
-    if (!a.kv.plan.empty()) files.emplace_back("plan.json", file_text(a.kv.plan));
+    if (!a.kv.plan.empty()) files.emplace_back("plan.json", read_text_file(a.kv.plan));
     write_files_atomically(a.out, files);
   }
   if (a.json) {

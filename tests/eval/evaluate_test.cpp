@@ -12,7 +12,8 @@
 #include "core/error.h"
 #include "engine/generate.h"
 #include "engine/loss.h"
-#include "eval/repository.h"
+#include "io/json_file.h"
+#include "io/repository.h"
 
 namespace ekva {
 namespace {
@@ -81,7 +82,7 @@ TEST(RunPolicies, DecodeModeLossOfTheFullCacheEqualsThePrefillLoss) {
   const auto model = Model::load(kModelDir);
   const auto tokenizer = load_tokenizer(kModelDir);
   const std::vector<int32_t> text = tokenizer->encode(
-      file_text(std::string(EKVA_FIXTURES) + "/../../data/eval/heldout.txt"), false);
+      read_text_file(std::string(EKVA_FIXTURES) + "/../../data/eval/heldout.txt"), false);
   std::vector<int32_t> window{*model->spec().bos_id};
   window.insert(window.end(), text.begin(), text.begin() + 160);
   const std::vector<int32_t> prefix(window.begin(), window.end() - 40);
@@ -120,7 +121,7 @@ TEST(Evaluate, PerplexityAndQueryAgnosticMode) {
   options.ppl_tokens = 32;
   // Two 255-token windows need a few kilobytes; tokenizing all of it would only cost time.
   options.heldout_text =
-      file_text(std::string(EKVA_FIXTURES) + "/../../data/eval/heldout.txt").substr(0, 8000);
+      read_text_file(std::string(EKVA_FIXTURES) + "/../../data/eval/heldout.txt").substr(0, 8000);
   int last_done = 0, last_total = 0;
   options.progress = [&](int done, int total) {
     EXPECT_GT(done, last_done);

@@ -7,7 +7,8 @@
 
 #include "eval/evaluate.h"
 #include "eval/report.h"
-#include "eval/repository.h"
+#include "io/json_file.h"
+#include "io/repository.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -29,7 +30,7 @@ TEST(SampleOutcomes, TheScoreFollowsFromTheSamples) {
   options.samples = 3;
   options.ppl_tokens = 16;
   options.heldout_text =
-      file_text(std::string(EKVA_FIXTURES) + "/../../data/eval/heldout.txt").substr(0, 8000);
+      read_text_file(std::string(EKVA_FIXTURES) + "/../../data/eval/heldout.txt").substr(0, 8000);
   const std::vector<TaskScore> scores = evaluate_tasks(*model, *tokenizer, options);
   ASSERT_EQ(scores.size(), 6u);
   for (const TaskScore& s : scores) {

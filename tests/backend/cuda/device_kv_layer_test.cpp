@@ -10,8 +10,8 @@
 
 #include "backend/cpu/ops.h"
 #include "core/error.h"
-#include "eval/repository.h"
 #include "io/model_config.h"
+#include "io/repository.h"
 #include "paged_kv_fixture.h"
 
 namespace ekva::cuda {

@@ -10,7 +10,4 @@ namespace ekva {
 // (EKVA_DATA_DIR's parent); throws kNotFound naming both places.
 std::filesystem::path repository_path(const std::string& path);
 
-// A text file's bytes (read through MappedFile; an empty file gives an empty string).
-std::string file_text(const std::filesystem::path& path);
-
 }  // namespace ekva
