@@ -144,7 +144,7 @@ TEST_F(HardeningCli, OversizedOrNonFiniteValuesAreRefused) {
   expect_failure("roofline --model " + (kRoot / "tests/fixtures/hf-tiny/tiny-mixtral").string() +
                      " --hw h200 --batch 1 --context 128 --plan " +
                      write("groups.json", groups.dump()),
-                 "groups.json: expert_groups[0][1] is not a group in [0, 2)");
+                 "groups.json: expert_groups[0][1] names group 4294967297, not one in [0, 2)");
   expect_failure("tasks --task passkey --context 16777216 --tokenizer " + kModel + " --out " +
                      (dir_ / "t.jsonl").string(),
                  "--context");
