@@ -1,6 +1,7 @@
 #include <fmt/core.h>
 
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "cli/commands.h"
 #include "core/error.h"
@@ -11,6 +12,7 @@
 #include "roofline/cost_model.h"
 #include "roofline/measured.h"
 #include "roofline/memory_model.h"
+#include "roofline/report.h"
 #include "roofline/search.h"
 #include "roofline/svg_chart.h"
 
@@ -131,39 +133,6 @@ std::string hardware_line(const HardwareSpec& hw, const Ceilings& c, bool datash
       hw.measured && !datasheet ? "measured profile" : "datasheet ceilings");
 }
 
-nlohmann::json operator_json(const OperatorCost& r) {
-  return {{"operator", std::string(operator_name(r.kind))},
-          {"class", std::string(operator_class_name(operator_class(r.kind)))},
-          {"layer", r.layer},
-          {"rows", r.count},
-          {"flops", r.flops},
-          {"bytes", r.bytes()},
-          {"weight_bytes", r.weight_bytes},
-          {"activation_read_bytes", r.activation_read_bytes},
-          {"activation_write_bytes", r.activation_write_bytes},
-          {"kv_read_bytes", r.kv_read_bytes},
-          {"kv_write_bytes", r.kv_write_bytes},
-          {"intensity", r.intensity()},
-          {"peak_format", std::string(peak_format_name(r.peak_format))},
-          {"efficiency", r.efficiency},
-          {"compute_time_s", r.compute_time_s},
-          {"memory_time_s", r.memory_time_s},
-          {"latency_s", r.latency_s},
-          {"time_s", r.time_s},
-          {"bound", std::string(bound_name(r.bound))}};
-}
-
-nlohmann::json memory_json(const MemoryUse& m, int64_t largest_batch) {
-  return {{"weight_bytes", m.weight_bytes},
-          {"kv_bytes", m.kv_bytes},
-          {"activation_bytes", m.activation_bytes},
-          {"workspace_bytes", m.workspace_bytes},
-          {"total_bytes", m.total_bytes},
-          {"capacity_bytes", m.capacity_bytes},
-          {"fits", m.fits()},
-          {"max_batch", largest_batch}};
-}
-
 void print_table(const std::vector<OperatorCost>& rows, const StepCost& totals, bool per_layer) {
   fmt::print("{:<17} {:>5} {:>5} {:>11} {:>10} {:>10} {:>10} {:>10} {:>9} {:>7} {:>11} {:>6}\n",
              "operator", "layer", "rows", "GFLOP", "weight MB", "act MB", "KV rd MB", "KV wr MB",
@@ -189,15 +158,6 @@ void print_table(const std::vector<OperatorCost>& rows, const StepCost& totals, 
   line("total", "", count, totals.flops, totals.weight_bytes, totals.activation_bytes,
        totals.kv_read_bytes, totals.kv_write_bytes, totals.bytes,
        std::string(bound_name(totals.bound)), totals.time_s);
-}
-
-std::string measured_label(const MeasuredOperator& m) {
-  std::string label = m.name;
-  if (m.layer) label += fmt::format(" L{}", *m.layer);
-  if (m.batch) label += fmt::format(" b{}", *m.batch);
-  if (m.context) label += fmt::format(" ctx{}", *m.context);
-  if (m.kv_fraction) label += fmt::format(" kv{:g}", *m.kv_fraction);
-  return label;
 }
 
 int run_predict(const PredictArgs& a) {
@@ -227,131 +187,37 @@ int run_predict(const PredictArgs& a) {
   } else {
     w.retained = KvRetention::full(spec, w.context);
   }
-  const Ceilings ceilings = hw.ceilings(c.datasheet);
-  const StepCost step = predict_step(spec, hw, w, c.datasheet);
-  const MemoryOptions mem_options = memory_options(c);
-  const MemoryUse memory = memory_use(spec, hw, w, step, mem_options);
-  const int64_t largest_batch = max_batch(spec, hw, w, mem_options);
+  std::optional<MeasuredTimes> measured;
+  if (!a.measured.empty()) measured = load_measured_times(a.measured);
+  RooflineReport report = make_roofline_report(spec, hw, w, c.datasheet, memory_options(c),
+                                               measured ? &*measured : nullptr);
+  report.model_source = c.model;
+  report.routing_source = c.routing;
+  report.retention = retention;
+  const StepCost& step = report.step;
+  const MemoryUse& memory = report.memory;
   const auto params = spec.parameters();
-  const double kv_per_token =
-      static_cast<double>(spec.kv_bytes_per_token(1)) * number_format_bytes(w.kv_format);
-  const double kv_per_sequence = w.retained.bytes(spec, w.kv_format);
-  const double retained_fraction =
-      w.context > 0 ? w.retained.total() /
-                          (static_cast<double>(w.context) * spec.num_layers * spec.num_kv_heads)
-                    : 1.0;
-  const double tokens_per_s =
-      (w.phase == Phase::kDecode ? static_cast<double>(w.batch) : step.tokens) / step.time_s;
-
-  std::vector<PredictionError> errors;
-  if (!a.measured.empty()) {
-    const MeasuredTimes measured = load_measured_times(a.measured);
-    if (!measured.hardware.empty() && measured.hardware != hw.name) {
-      fail(ErrorKind::kInvalidArgument, "{}: measured on '{}', but --hw is '{}'", a.measured,
-           measured.hardware, hw.name);
-    }
-    errors = compare_with_measured(spec, hw, w, measured, c.datasheet);
-  }
-  const std::vector<OperatorCost> by_operator = aggregate_by_operator(step.operators);
   if (!a.svg.empty()) {
-    std::vector<ChartPoint> points;
-    for (const auto& r : by_operator) {
-      if (r.time_s > 0)
-        points.push_back({std::string(operator_name(r.kind)), r.intensity(), r.flops / r.time_s});
-    }
-    for (const auto& e : errors) {
-      if (e.bytes > 0) {
-        points.push_back({measured_label(e.measured) + " (measured)", e.flops / e.bytes,
-                          e.flops / e.measured.time_s, true});
-      }
-    }
     const std::string title =
         fmt::format("{} on {}: {} batch {} context {} ({})", spec.model_type, hw.name,
                     phase_name(w.phase), w.batch, w.context, retention);
-    write_text_file(a.svg,
-                    roofline_svg(title, ceilings, gemm_peak_format(w.weight_format), points));
+    write_text_file(a.svg, roofline_svg(title, report.ceilings, gemm_peak_format(w.weight_format),
+                                        roofline_chart_points(report)));
   }
 
   if (c.json) {
-    nlohmann::json ops = nlohmann::json::array();
-    for (const auto& r : step.operators) ops.push_back(operator_json(r));
-    nlohmann::json j = {
-        {"model",
-         {{"architecture", spec.model_type},
-          {"source", c.model},
-          {"layers", spec.num_layers},
-          {"experts", spec.num_experts},
-          {"top_k", spec.top_k},
-          {"kv_heads", spec.num_kv_heads},
-          {"head_dim", spec.head_dim}}},
-        {"hardware",
-         {{"name", hw.name},
-          {"source", hw.source},
-          {"ceilings", c.datasheet || !hw.measured ? "datasheet" : "measured"},
-          {"read_bandwidth", ceilings.read_bandwidth},
-          {"write_bandwidth", ceilings.write_bandwidth},
-          {"peak_bf16_flops", ceilings.peak(PeakFormat::kBF16)},
-          {"peak_fp32_flops", ceilings.peak(PeakFormat::kFP32)},
-          {"memory_bytes", hw.memory_bytes}}},
-        {"workload",
-         {{"phase", std::string(phase_name(w.phase))},
-          {"batch", w.batch},
-          {"context", w.context},
-          {"kv_dtype", std::string(number_format_name(w.kv_format))},
-          {"weight_dtype", std::string(number_format_name(w.weight_format))},
-          {"activation_dtype", std::string(number_format_name(w.activation_format))},
-          {"kv", retention},
-          {"kv_retained_fraction", retained_fraction},
-          {"routing", w.routing.is_uniform() ? "uniform" : c.routing}}},
-        {"kv_bytes_per_token", kv_per_token},
-        {"kv_bytes_per_sequence", kv_per_sequence},
-        {"total_params", params.total},
-        {"active_params_per_token", params.active_per_token},
-        {"experts_touched_per_layer", step.mean_experts_touched()},
-        {"experts_touched_by_layer", step.experts_touched},
-        {"tokens", step.tokens},
-        {"time_s", step.time_s},
-        {"tokens_per_s", tokens_per_s},
-        {"flops", step.flops},
-        {"bytes", step.bytes},
-        {"weight_bytes", step.weight_bytes},
-        {"activation_bytes", step.activation_bytes},
-        {"kv_read_bytes", step.kv_read_bytes},
-        {"kv_write_bytes", step.kv_write_bytes},
-        {"intensity", step.intensity()},
-        {"bound", std::string(bound_name(step.bound))},
-        {"time_breakdown_s",
-         {{"weights", step.weight_time_s},
-          {"kv", step.kv_time_s},
-          {"activations", step.activation_time_s},
-          {"compute", step.compute_time_s},
-          {"latency", step.latency_time_s}}},
-        {"memory", memory_json(memory, largest_batch)},
-        {"operators", ops},
-    };
-    if (!a.measured.empty()) {
-      nlohmann::json m = nlohmann::json::array();
-      for (const auto& e : errors) {
-        m.push_back({{"operator", e.measured.name},
-                     {"label", measured_label(e.measured)},
-                     {"measured_s", e.measured.time_s},
-                     {"predicted_s", e.predicted_s},
-                     {"error", e.error}});
-      }
-      j["measured"] = m;
-    }
-    fmt::print("{}\n", j.dump(2));
+    fmt::print("{}\n", roofline_report_json(report).dump(2));
     return 0;
   }
 
   fmt::print("model     {}\n", model_line(spec, w));
-  fmt::print("hardware  {}\n", hardware_line(hw, ceilings, c.datasheet));
+  fmt::print("hardware  {}\n", hardware_line(hw, report.ceilings, c.datasheet));
   fmt::print("workload  {}, batch {}, context {}, {} ({:.1f}% of the context kept), {} routing\n\n",
-             phase_name(w.phase), w.batch, w.context, retention, 100 * retained_fraction,
+             phase_name(w.phase), w.batch, w.context, retention, 100 * report.retained_fraction,
              w.routing.is_uniform() ? "uniform" : "measured");
-  print_table(a.per_layer ? step.operators : by_operator, step, a.per_layer);
+  print_table(a.per_layer ? step.operators : report.by_operator, step, a.per_layer);
   fmt::print("\nstep time          {:.2f} us ({}-bound), {:.0f} tokens/s\n", step.time_s * 1e6,
-             bound_name(step.bound), tokens_per_s);
+             bound_name(step.bound), report.tokens_per_s);
   fmt::print(
       "time split         weights {:.1f}%, KV {:.1f}%, activations {:.1f}%, compute {:.1f}%, "
       "per-call latency {:.1f}%\n",
@@ -359,7 +225,8 @@ int run_predict(const PredictArgs& a) {
       100 * step.activation_time_s / step.time_s, 100 * step.compute_time_s / step.time_s,
       100 * step.latency_time_s / step.time_s);
   fmt::print("KV bytes per token {:.0f} (full, {}); {:.3f} MiB per sequence as kept\n",
-             kv_per_token, number_format_name(w.kv_format), kv_per_sequence / (1024.0 * 1024.0));
+             report.kv_per_token, number_format_name(w.kv_format),
+             report.kv_per_sequence / (1024.0 * 1024.0));
   fmt::print("parameters         {} total, {} active per token\n", params.total,
              params.active_per_token);
   fmt::print("experts touched    {:.2f} per MoE layer of {} (tokens per step {:.0f})\n",
@@ -369,7 +236,8 @@ int run_predict(const PredictArgs& a) {
       "workspace {:.2f} GiB = {:.2f} GiB of {:.2f} GiB ({}); largest batch {}\n",
       memory.weight_bytes / kGiB, memory.kv_bytes / kGiB, memory.activation_bytes / kGiB,
       memory.workspace_bytes / kGiB, memory.total_bytes / kGiB, memory.capacity_bytes / kGiB,
-      memory.fits() ? "fits" : "does not fit", largest_batch);
+      memory.fits() ? "fits" : "does not fit", report.largest_batch);
+  const std::vector<PredictionError>& errors = report.errors;
   if (!errors.empty()) {
     fmt::print("\n{:<40} {:>13} {:>13} {:>9}\n", "measured", "measured us", "predicted us",
                "error");
