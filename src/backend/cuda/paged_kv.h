@@ -1,7 +1,7 @@
 #pragma once
-// The device side of the KV cache (src/kv/kv_layout.h) for one layer: the same paged layout in bf16.
-// A page holds page_size K rows of head_dim, then page_size V rows, of one (sequence, KV head);
-// segment s = sequence * num_kv_heads + kv_head owns the pages page_ids[page_offsets[s] ..
+// The device side of the KV cache (src/kv/kv_layout.h) for one layer: the same paged layout in
+// bf16. A page holds page_size K rows of head_dim, then page_size V rows, of one (sequence, KV
+// head); segment s = sequence * num_kv_heads + kv_head owns the pages page_ids[page_offsets[s] ..
 // page_offsets[s + 1]) and retains lengths[s] slots; slot i is row i % page_size of page
 // page_ids[page_offsets[s] + i / page_size]. Host code allocates pages and fills the tables.
 //
