@@ -180,6 +180,19 @@ TEST(ModelConfig, IntegersAreNeverNarrowed) {
   EXPECT_NE(config_error(j).find("eos_token_id[1]"), std::string::npos);
 }
 
+TEST(ModelConfig, ZeroIsRefusedWhereAPositiveCountIsNeeded) {
+  // Found by fuzz_model_config: 0 is stored as an unsigned number and passed the lower bound,
+  // then num_key_value_heads = 0 divided by zero.
+  for (const char* key : {"num_key_value_heads", "hidden_size", "num_hidden_layers",
+                          "num_attention_heads", "num_local_experts", "vocab_size"}) {
+    json j = mixtral_v4();
+    j[key] = 0;
+    EXPECT_NE(config_error(j).find(std::string("field '") + key + "' must be in [1, "),
+              std::string::npos)
+        << key;
+  }
+}
+
 TEST(ModelConfig, ShapesBeyondTheLimitsAreRefusedBeforeAnythingIsSized) {
   json j = mixtral_v4();
   j["num_hidden_layers"] = 2147483647;
