@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <system_error>
+
 #include "core/error.h"
 #include "io/model_config.h"
 
@@ -49,9 +51,12 @@ Model::Model(const std::filesystem::path& dir, ModelSpec spec)
     : dir_(dir), spec_(std::move(spec)), store_(dir) {}
 
 std::unique_ptr<Model> Model::load(const std::filesystem::path& dir) {
-  if (!std::filesystem::is_directory(dir)) {
-    fail(ErrorKind::kNotFound, "{}: not a model directory", dir.string());
+  std::error_code ec;
+  const bool is_dir = std::filesystem::is_directory(dir, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory) {
+    fail(ErrorKind::kIo, "{}: {}", dir.string(), ec.message());
   }
+  if (!is_dir) fail(ErrorKind::kNotFound, "{}: not a model directory", dir.string());
   std::unique_ptr<Model> m(new Model(dir, load_model_config(dir)));
   const ModelSpec& s = m->spec_;
   const WeightReader w(m->store_);
