@@ -91,7 +91,7 @@ std::vector<double> KvPolicy::surprisal(const PromptRouting& prompt, int prompt_
   std::vector<LayerRouting> random = prompt.layers;
   for (size_t l = 0; l < random.size(); ++l) {
     LayerRouting& r = random[l];
-    const uint64_t experts = static_cast<uint64_t>(std::max(num_groups_, r.top_k));
+    const uint64_t experts = static_cast<uint64_t>(std::max(spec_.num_experts, r.top_k));
     for (int t = 0; t < prompt_len; ++t) {
       int32_t* chosen = r.experts.data() + static_cast<size_t>(t) * r.top_k;
       for (int i = 0; i < r.top_k; ++i) {
