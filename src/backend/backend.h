@@ -47,10 +47,10 @@ class ForwardObserver {
                                 const std::vector<float>& /*gates*/, const float* /*output*/,
                                 int /*hidden*/) {}
   // An MoE layer after routing: the layout and pages hold this batch's K/V with their routing
-  // metadata; q is the batch's post-RoPE queries [n, q_dim]; experts and gates are [n, top_k],
-  // best first.
+  // metadata (pages is null when the backend keeps K/V on a device); q is the batch's post-RoPE
+  // queries [n, q_dim]; experts and gates are [n, top_k], best first.
   virtual void on_layer_routed(int /*layer*/, const ForwardBatch& /*batch*/,
-                               const KvLayout& /*layout*/, const KvPages& /*pages*/,
+                               const KvLayout& /*layout*/, const KvPages* /*pages*/,
                                const float* /*q*/, const int32_t* /*experts*/,
                                const float* /*gates*/, int /*top_k*/) {}
 };

@@ -39,7 +39,7 @@ class StatsObserver : public ForwardObserver {
   }
 
   void on_layer_routed(int layer, const ForwardBatch& batch, const KvLayout& layout,
-                       const KvPages& pages, const float* q, const int32_t* experts,
+                       const KvPages* pages, const float* q, const int32_t* experts,
                        const float* gates, int top_k) override {
     const int E = spec_.num_experts, n = batch.size();
     for (int t = 0; t < n; ++t) {
@@ -54,7 +54,11 @@ class StatsObserver : public ForwardObserver {
         }
       }
     }
-    attention_stats(layer, batch, layout, pages, q, experts, top_k);
+    if (pages == nullptr) {
+      fail(ErrorKind::kUnsupported,
+           "calibration recomputes attention from host K/V pages; run it on the CPU backend");
+    }
+    attention_stats(layer, batch, layout, *pages, q, experts, top_k);
   }
 
  private:

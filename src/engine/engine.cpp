@@ -24,7 +24,7 @@ class PromptRecorder : public ForwardObserver {
     if (next_ != nullptr) next_->on_expert_output(layer, expert, rows, gates, output, hidden);
   }
   void on_layer_routed(int layer, const ForwardBatch& batch, const KvLayout& layout,
-                       const KvPages& pages, const float* q, const int32_t* experts,
+                       const KvPages* pages, const float* q, const int32_t* experts,
                        const float* gates, int top_k) override {
     int moe_index = 0;
     for (int l = 0; l < layer; ++l) moe_index += spec_.layer_is_moe[l] ? 1 : 0;
@@ -52,7 +52,8 @@ Engine::Engine(const Model& model, const EngineOptions& options,
                std::optional<PolicyOptions> policy)
     : model_(&model),
       layout_(model.spec(), options.num_sequences, options.kv, options.kv_capacity_pages),
-      backend_(std::make_unique<cpu::CpuBackend>(model, layout_)),
+      backend_(options.backend ? options.backend(model, layout_)
+                               : std::make_unique<cpu::CpuBackend>(model, layout_)),
       prompts_(options.num_sequences) {
   if (policy) set_policy(*policy);
 }

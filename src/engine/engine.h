@@ -3,6 +3,7 @@
 // backend that executes steps and evictions, and the KV policy that decides them. generate, eval,
 // calibrate and demo all run through it.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -15,15 +16,19 @@
 
 namespace ekva {
 
+// Makes the backend that runs an engine's steps over its layout; the CLI picks one per --device.
+using BackendFactory = std::function<std::unique_ptr<Backend>(const Model&, const KvLayout&)>;
+
 struct EngineOptions {
   int num_sequences = 1;
   KvFormat kv;                    // page size and the stored element type of K and V
   int64_t kv_capacity_pages = 0;  // 0: every sequence at the model's full context
+  BackendFactory backend;         // empty: the CPU backend
 };
 
 class Engine {
  public:
-  // Runs on the CPU backend. Without a policy the cache keeps everything.
+  // Without a policy the cache keeps everything.
   Engine(const Model& model, const EngineOptions& options = {},
          std::optional<PolicyOptions> policy = std::nullopt);
   // Deep: the copy has its own layout, pages and policy state (one prefill, several policies).

@@ -162,7 +162,7 @@ void CpuBackend::moe_block(int layer, int moe_index, const StepPlan& plan, KvLay
     }
   }
   if (observer != nullptr) {
-    observer->on_layer_routed(layer, batch, layout, pages_, q_.data(), top_experts.data(),
+    observer->on_layer_routed(layer, batch, layout, &pages_, q_.data(), top_experts.data(),
                               top_gates.data(), s.top_k);
   }
   std::vector<MlpRows> routed;
