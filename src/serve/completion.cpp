@@ -22,7 +22,8 @@ int64_t integer_field(const json& value, const char* field, int64_t lo, int64_t 
   }
   // Both signed and unsigned JSON integers compare correctly through their own accessors.
   const bool in_range = value.is_number_unsigned()
-                            ? value.get<uint64_t>() <= static_cast<uint64_t>(hi)
+                            ? value.get<uint64_t>() <= static_cast<uint64_t>(hi) &&
+                                  static_cast<int64_t>(value.get<uint64_t>()) >= lo
                             : value.get<int64_t>() >= lo && value.get<int64_t>() <= hi;
   if (!in_range) {
     throw FieldError(

@@ -20,6 +20,13 @@ std::vector<int32_t> prompt_of(int n, int salt) {
   return p;
 }
 
+PolicyOptions policy_named(const std::string& name, std::optional<double> budget) {
+  PolicyOptions o;
+  o.name = name;
+  o.budget = budget;
+  return o;
+}
+
 struct Outcome {
   std::vector<int32_t> tokens;
   std::optional<FinishReason> reason;
@@ -76,7 +83,7 @@ TEST_P(SameTokensAsGenerate, ForEveryRequestOfABatch) {
     r.sampling.temperature = i % 2 == 0 ? 0.0f : 0.8f;
     r.sampling.top_p = i == 3 ? 0.9f : 1.0f;
     r.sampling.seed = 1000 + i;
-    if (i == 4) r.policy = PolicyOptions{.name = "h2o", .budget = 24.0};
+    if (i == 4) r.policy = policy_named("h2o", 24.0);
     requests.push_back(r);
   }
   std::vector<Outcome> out(requests.size());
@@ -97,9 +104,9 @@ INSTANTIATE_TEST_SUITE_P(Policies, SameTokensAsGenerate,
                          ::testing::Values(Case{"full", std::nullopt, 1024},
                                            Case{"snapkv", 0.5, 1024}, Case{"ekva", 0.3, 1024},
                                            Case{"snapkv", 0.5, 32}),
-                         [](const auto& info) {
-                           return info.param.policy + "_chunk" +
-                                  std::to_string(info.param.prefill_chunk);
+                         [](const auto& test) {
+                           return test.param.policy + "_chunk" +
+                                  std::to_string(test.param.prefill_chunk);
                          });
 
 // Pages in use never exceed the capacity nor what admitted requests reserved, while requests wait
@@ -261,7 +268,7 @@ TEST(SchedulerSubmit, RefusesBadRequests) {
   r.max_tokens = 0;
   EXPECT_THROW(s.submit(r), Error);
   r.max_tokens = 4;
-  r.policy = PolicyOptions{.name = "no-such-policy"};
+  r.policy = policy_named("no-such-policy", std::nullopt);
   EXPECT_THROW(s.submit(r), Error);
   EXPECT_TRUE(s.idle());
 }
