@@ -1,7 +1,9 @@
 #include "serve/server.h"
 
 #include <httplib.h>
+#ifdef _OPENMP
 #include <omp.h>
+#endif
 
 #include <atomic>
 #include <chrono>
@@ -43,6 +45,17 @@ json error_body(const std::string& message, const std::string& type,
             {"type", type},
             {"param", field ? json(*field) : json()},
             {"code", json()}}}};
+}
+
+// OpenMP's thread count is a per-thread setting: a new thread's team would take every core, not
+// the count its creator chose (the CLI leaves the cores other processes keep busy). Returns what
+// makes another thread take the calling thread's count.
+std::function<void()> inherit_openmp_threads() {
+#ifdef _OPENMP
+  return [threads = omp_get_max_threads()] { omp_set_num_threads(threads); };
+#else
+  return [] {};  // the fuzz build has no OpenMP
+#endif
 }
 
 void send_json(httplib::Response& res, int status, const json& body) {
@@ -90,10 +103,7 @@ struct Server::State {
     return true;
   }
 
-  void work(int threads) {
-    // OpenMP's thread count is per thread: the engine's team takes the one its creator chose
-    // (the CLI's leaves the cores other processes keep busy), not the library default.
-    omp_set_num_threads(threads);
+  void work() {
     for (;;) {
       std::vector<std::function<void(Scheduler&)>> commands;
       {
@@ -291,7 +301,7 @@ struct Server::State {
                           {"vocab_size", spec.vocab_size}};
       send_json(res, 200, {{"object", "list"}, {"data", json::array({model})}});
     });
-    http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
       send_json(res, 200, {{"status", "ok"}});
     });
     http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
@@ -333,7 +343,10 @@ Server::Server(const Model& model, const Tokenizer* tokenizer, const ServerOptio
   s.http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   s.http.set_payload_max_length(64u << 20);
   s.routes();
-  s.worker = std::thread([&s, omp_threads = omp_get_max_threads()] { s.work(omp_threads); });
+  s.worker = std::thread([&s, inherit = inherit_openmp_threads()] {
+    inherit();
+    s.work();
+  });
 }
 
 Server::~Server() {
