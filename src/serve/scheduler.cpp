@@ -201,7 +201,7 @@ bool Scheduler::prefill_next() {
     pages_reserved_ -= a.reserved_pages - bound;
     a.reserved_pages = bound;
     emit(a, a.sampler.sample(logits.data(), spec().vocab_size));
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {  // std::bad_alloc as well: a request fails, not the server
     if (!a.done) finish(a, FinishReason::kError, e.what());
   }
   return true;
@@ -226,7 +226,7 @@ bool Scheduler::decode_running() {
       batch[i]->to_decode.reset();
       emit(*batch[i], batch[i]->sampler.sample(logits.data() + i * vocab, vocab));
     }
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {
     for (Active* a : batch) {
       if (!a->done) finish(*a, FinishReason::kError, e.what());
     }

@@ -113,7 +113,7 @@ INSTANTIATE_TEST_SUITE_P(Policies, SameTokensAsGenerate,
 // for pages (not for sequences) and all of them still complete.
 TEST(SchedulerAdmission, NeverLetsPagesInUseExceedTheCapacity) {
   const auto model = Model::load(kModelDir);
-  for (const char* policy : {"full", "snapkv"}) {
+  for (const char* policy : {"full", "snapkv", "ekva", "streaming"}) {
     SCOPED_TRACE(policy);
     SchedulerOptions o;
     o.max_sequences = 8;
