@@ -19,5 +19,6 @@ void add_calibrate(CLI::App& app, Action& action);
 void add_plan(CLI::App& app, Action& action);
 void add_eval(CLI::App& app, Action& action);
 void add_demo(CLI::App& app, Action& action);
+void add_bench(CLI::App& app, Action& action);
 
 }  // namespace ekva::cli

@@ -34,6 +34,7 @@ int main(int argc, char** argv) {
   ekva::cli::add_plan(app, action);
   ekva::cli::add_eval(app, action);
   ekva::cli::add_demo(app, action);
+  ekva::cli::add_bench(app, action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/decode_attention.h"
 #include "backend/cuda/kv_ops.h"
 #include "backend/cuda/model_ops.h"
 #include "core/error.h"
@@ -52,6 +53,10 @@ CudaBackend::CudaBackend(std::shared_ptr<const DeviceModel> weights, int64_t row
   score_delta_ = DeviceBuffer<float>(static_cast<size_t>(pool_rows_));
   flags_ = DeviceBuffer<uint8_t>(static_cast<size_t>(pool_rows_));
   compaction_ = DeviceBuffer<uint8_t>(compaction_workspace_bytes(pool_rows_, num_segments_));
+  // A slot is read only once written, but a timing run may reserve slots without running them:
+  // they read as zero K/V at position 0 rather than as whatever the allocation held.
+  EKVA_CUDA_CHECK(cudaMemsetAsync(pool_.data(), 0, pool_.bytes(), stream_));
+  EKVA_CUDA_CHECK(cudaMemsetAsync(meta_.data(), 0, meta_.bytes(), stream_));
 }
 
 CudaBackend::~CudaBackend() {
@@ -120,9 +125,10 @@ void CudaBackend::upload_tables(const KvLayout& layout, const std::vector<int32_
   tokens_ = device;
 }
 
-void CudaBackend::attention_block(int layer, int n, bool scoring) {
+void CudaBackend::attention_block(int layer, const StepPlan& plan, bool decode, bool scoring) {
+  const int n = plan.batch.size();
   const DeviceModel& w = *weights_;
-  const ModelSpec& s = w.model().spec();
+  const ModelSpec& s = w.spec();
   const DeviceLayer& D = w.layer(layer);
   const int d = s.head_dim, hidden = s.hidden_size;
   float* q = scratch(q_, static_cast<size_t>(n) * s.q_dim());
@@ -160,18 +166,36 @@ void CudaBackend::attention_block(int layer, int n, bool scoring) {
   append.attention_factor = w.attention_factor();
   append.count = n;
   append_kv(views_[layer], append, stream_);
-  PagedAttention attention;
-  attention.q = q;
-  attention.sequences = sequences_;
-  attention.positions = positions_;
-  attention.score_query = scoring ? score_query_.data() : nullptr;
-  attention.score_delta = scoring ? score_delta_.data() : nullptr;
-  attention.out = scratch(attn_bf16_, static_cast<size_t>(n) * s.q_dim());
-  attention.n = n;
-  attention.num_q_heads = s.num_heads;
-  paged_attention(views_[layer], attention, stream_);
+  uint16_t* out = scratch(attn_bf16_, static_cast<size_t>(n) * s.q_dim());
+  const DecodeAttentionShape shape{plan.num_sequences,      s.num_heads, s.num_kv_heads, d,
+                                   views_[layer].page_size, scoring};
+  if (decode && DecodeAttentionPlan::can_implement(shape)) {
+    const size_t segments = static_cast<size_t>(plan.num_sequences) * s.num_kv_heads;
+    const DecodeAttentionPlan attention(
+        shape, std::span<const int32_t>(plan.lengths).subspan(layer * segments, segments));
+    const size_t rows = static_cast<size_t>(plan.num_sequences) * s.q_dim();
+    uint16_t* q_rows = scratch(decode_q_, rows);
+    uint16_t* out_rows = scratch(decode_out_, rows);
+    void* workspace = scratch(decode_workspace_, attention.workspace_bytes());
+    scatter_rows_bf16(q, sequences_, n, s.q_dim(), q_rows, stream_);
+    attention.upload(workspace, stream_);
+    attention.run(views_[layer], q_rows, out_rows, scoring ? score_delta_.data() : nullptr,
+                  workspace, stream_);
+    gather_rows(out_rows, sequences_, n, s.q_dim(), out, stream_);
+  } else {
+    PagedAttention attention;
+    attention.q = q;
+    attention.sequences = sequences_;
+    attention.positions = positions_;
+    attention.score_query = scoring ? score_query_.data() : nullptr;
+    attention.score_delta = scoring ? score_delta_.data() : nullptr;
+    attention.out = out;
+    attention.n = n;
+    attention.num_q_heads = s.num_heads;
+    paged_attention(views_[layer], attention, stream_);
+  }
   float* delta = scratch(delta_, static_cast<size_t>(n) * hidden);
-  gemm_->bf16(attention.out, n, D.o.data.data(), hidden, s.q_dim(), delta);
+  gemm_->bf16(out, n, D.o.data.data(), hidden, s.q_dim(), delta);
   if (D.o_bias.size() > 0) add_bias(delta, D.o_bias.data(), n, hidden, stream_);
 }
 
@@ -187,7 +211,7 @@ void CudaBackend::mlp(const DeviceMlp& m, const uint16_t* x, int rows, float* y)
 void CudaBackend::moe_block(int layer, int moe_index, const StepPlan& plan, KvLayout& layout,
                             ForwardObserver* observer) {
   const ForwardBatch& batch = plan.batch;
-  const ModelSpec& s = weights_->model().spec();
+  const ModelSpec& s = weights_->spec();
   const DeviceLayer& D = weights_->layer(layer);
   const int n = batch.size(), hidden = s.hidden_size;
   float* delta = scratch(delta_, static_cast<size_t>(n) * hidden);
@@ -288,7 +312,7 @@ std::vector<float> CudaBackend::run(const StepPlan& plan, KvLayout& layout,
                                     ForwardObserver* observer) {
   const ForwardBatch& batch = plan.batch;
   const DeviceModel& w = *weights_;
-  const ModelSpec& s = w.model().spec();
+  const ModelSpec& s = w.spec();
   const int n = batch.size(), hidden = s.hidden_size;
   const int rows = static_cast<int>(plan.logit_rows.size());
   if (n == 0) return {};
@@ -309,6 +333,13 @@ std::vector<float> CudaBackend::run(const StepPlan& plan, KvLayout& layout,
 
   const bool scoring = std::any_of(batch.score_query.begin(), batch.score_query.end(),
                                    [](uint8_t f) { return f != 0; });
+  std::vector<uint8_t> in_batch(layout.num_sequences(), 0);  // 2: a voting token
+  bool decode = true;
+  for (int t = 0; t < n; ++t) {
+    decode = decode && in_batch[batch.seq[t]] == 0;
+    const bool votes = !batch.score_query.empty() && batch.score_query[t] != 0;
+    in_batch[batch.seq[t]] = std::max<uint8_t>(in_batch[batch.seq[t]], votes ? 2 : 1);
+  }
   const size_t rows_in_use = static_cast<size_t>(layout.page_high_water()) * layout.page_size();
   if (scoring) {
     uint8_t* flags = scratch(score_query_, n);
@@ -326,7 +357,7 @@ std::vector<float> CudaBackend::run(const StepPlan& plan, KvLayout& layout,
   for (int l = 0; l < s.num_layers; ++l) {
     const DeviceLayer& D = w.layer(l);
     rms_norm(x, n, hidden, D.attn_norm.data(), eps, nullptr, x_bf16_.data(), stream_);
-    attention_block(l, n, scoring);
+    attention_block(l, plan, decode, scoring);
     add_in_place(x, delta_.data(), static_cast<int64_t>(n) * hidden, stream_);
     rms_norm(x, n, hidden, D.mlp_norm.data(), eps, normed_.data(), x_bf16_.data(), stream_);
     moe_block(l, moe_index, plan, layout, observer);
@@ -349,10 +380,8 @@ std::vector<float> CudaBackend::run(const StepPlan& plan, KvLayout& layout,
   }
   EKVA_CUDA_CHECK(cudaStreamSynchronize(stream_));
   if (scoring) {
-    std::vector<uint8_t> in_batch(layout.num_sequences(), 0);
-    for (int32_t seq : batch.seq) in_batch[seq] = 1;
     for (int seq = 0; seq < layout.num_sequences(); ++seq) {
-      if (in_batch[seq] == 0) continue;
+      if (in_batch[seq] != 2) continue;
       for (int l = 0; l < s.num_layers; ++l) {
         for (int h = 0; h < s.num_kv_heads; ++h) {
           HeadTable& t = layout.table(seq, l, h);
@@ -398,13 +427,19 @@ void CudaBackend::apply(const EvictionPlan& plan, KvLayout& layout) {
 }
 
 BackendFactory cuda_backend_factory() {
-  auto uploaded = std::make_shared<std::shared_ptr<const DeviceModel>>();
+  struct Uploaded {
+    const Model* model = nullptr;
+    std::shared_ptr<const DeviceModel> weights;
+  };
+  auto uploaded = std::make_shared<Uploaded>();
   return [uploaded](const Model& model, const KvLayout& layout) -> std::unique_ptr<Backend> {
-    if (*uploaded == nullptr || &(*uploaded)->model() != &model) {
-      uploaded->reset();  // free the previous model's weights first
-      *uploaded = std::make_shared<const DeviceModel>(model, kv_pool_device_bytes(checked(layout)));
+    if (uploaded->model != &model) {
+      uploaded->weights.reset();  // free the previous model's weights first
+      uploaded->weights =
+          std::make_shared<const DeviceModel>(model, kv_pool_device_bytes(checked(layout)));
+      uploaded->model = &model;
     }
-    return std::make_unique<CudaBackend>(*uploaded, layout);
+    return std::make_unique<CudaBackend>(uploaded->weights, layout);
   };
 }
 

@@ -44,7 +44,9 @@ class CudaBackend : public Backend {
   T* scratch(DeviceBuffer<T>& buffer, size_t count);
   // Uploads the step's integer inputs and every layer's block tables; sets views_.
   void upload_tables(const KvLayout& layout, const std::vector<int32_t>& step_ints);
-  void attention_block(int layer, int n, bool scoring);
+  // decode: the step holds at most one token per sequence, so the decode attention kernel (one
+  // query per sequence over every retained slot) serves it.
+  void attention_block(int layer, const StepPlan& plan, bool decode, bool scoring);
   void mlp(const DeviceMlp& mlp, const uint16_t* x, int rows, float* y);
   void moe_block(int layer, int moe_index, const StepPlan& plan, KvLayout& layout,
                  ForwardObserver* observer);
@@ -70,6 +72,8 @@ class CudaBackend : public Backend {
   DeviceBuffer<float> x_, normed_, q_, k_, v_, delta_, gate_up_, y_, router_logits_, gates_,
       shared_weight_, logits_;
   DeviceBuffer<uint16_t> x_bf16_, attn_bf16_, rows_bf16_, hidden_bf16_;
+  DeviceBuffer<uint16_t> decode_q_, decode_out_;  // [sequences, query heads, head_dim]
+  DeviceBuffer<uint8_t> decode_workspace_;
   DeviceBuffer<int32_t> experts_, expert_rows_;
   DeviceBuffer<float> expert_gates_;
   std::pair<int, int> disabled_{-1, -1};

@@ -4,6 +4,7 @@
 #include <span>
 
 #include "arch/rope_table.h"
+#include "backend/cuda/model_ops.h"
 #include "core/error.h"
 
 namespace ekva::cuda {
@@ -58,44 +59,89 @@ DeviceMlp upload(const Mlp& mlp) {
   return {upload({&mlp.gate, &mlp.up}), upload({&mlp.down})};
 }
 
-size_t mlp_bytes(const Mlp& mlp) {
-  return 2 * (static_cast<size_t>(mlp.gate.rows) * mlp.gate.cols +
-              static_cast<size_t>(mlp.up.rows) * mlp.up.cols +
-              static_cast<size_t>(mlp.down.rows) * mlp.down.cols);
-}
+// Sizes of a model's device weights, from its shape alone.
+struct Shapes {
+  explicit Shapes(const ModelSpec& s) : spec(s) {}
+  size_t matrix(int rows, int cols) const { return 2 * static_cast<size_t>(rows) * cols; }
+  size_t mlp(int inter) const { return 3 * matrix(inter, spec.hidden_size); }
+  const ModelSpec& spec;
+};
 
-size_t bf16_bytes(const WeightMatrix& w) {
-  return 2 * static_cast<size_t>(w.rows) * w.cols;
-}
+// Random matrices and vectors, each from its own stream of the seed.
+class RandomWeights {
+ public:
+  RandomWeights(uint64_t seed, cudaStream_t stream) : seed_(seed), stream_(stream) {}
+  DeviceMatrix matrix(int rows, int cols) {
+    DeviceMatrix m;
+    m.rows = rows;
+    m.cols = cols;
+    m.data = DeviceBuffer<uint16_t>(static_cast<size_t>(rows) * cols);
+    fill_random_bf16(m.data.data(), static_cast<int64_t>(m.data.size()), next(), kStd, stream_);
+    return m;
+  }
+  DeviceBuffer<float> vector(size_t count, float value) {
+    DeviceBuffer<float> v(count);
+    fill_constant(v.data(), static_cast<int64_t>(count), value, stream_);
+    return v;
+  }
+  DeviceBuffer<float> random_f32(size_t count) {
+    DeviceBuffer<float> v(count);
+    fill_random_f32(v.data(), static_cast<int64_t>(count), next(), kStd, stream_);
+    return v;
+  }
+  DeviceMlp mlp(int inter, int hidden) {
+    return {matrix(2 * inter, hidden), matrix(hidden, inter)};
+  }
+
+ private:
+  static constexpr float kStd = 0.02f;
+  uint64_t next() { return seed_ * 0x9e3779b97f4a7c15ull + ++streams_; }
+  uint64_t seed_;
+  uint64_t streams_ = 0;
+  cudaStream_t stream_;
+};
 
 }  // namespace
 
-size_t DeviceModel::weight_bytes(const Model& model) {
-  const ModelSpec& s = model.spec();
-  size_t bytes = bf16_bytes(model.embed()) + bf16_bytes(model.lm_head());
+size_t DeviceModel::weight_bytes(const ModelSpec& s) {
+  const Shapes shapes(s);
+  size_t bytes = 2 * shapes.matrix(s.vocab_size, s.hidden_size);
   for (int l = 0; l < s.num_layers; ++l) {
-    const LayerWeights& L = model.layer(l);
-    bytes += bf16_bytes(L.q) + bf16_bytes(L.k) + bf16_bytes(L.v) + bf16_bytes(L.o);
-    bytes += 4 * static_cast<size_t>(L.router.rows) * L.router.cols;
-    for (const Mlp& e : L.experts) bytes += mlp_bytes(e);
-    if (s.layer_is_moe[l] && s.shared_intermediate > 0) bytes += mlp_bytes(L.shared);
-    if (!s.layer_is_moe[l]) bytes += mlp_bytes(L.dense);
+    bytes +=
+        2 * shapes.matrix(s.q_dim(), s.hidden_size) + 2 * shapes.matrix(s.kv_dim(), s.hidden_size);
+    if (s.layer_is_moe[l]) {
+      bytes += 4 * static_cast<size_t>(s.num_experts) * s.hidden_size;
+      bytes += static_cast<size_t>(s.num_experts) * shapes.mlp(s.expert_intermediate);
+      if (s.shared_intermediate > 0) bytes += shapes.mlp(s.shared_intermediate);
+    } else {
+      bytes += shapes.mlp(s.dense_intermediate);
+    }
   }
   return bytes;
 }
 
-DeviceModel::DeviceModel(const Model& model, size_t reserve_bytes) : model_(&model) {
-  const ModelSpec& s = model.spec();
-  bytes_ = weight_bytes(model);
+void DeviceModel::check_fits(size_t reserve_bytes, const std::string& source) const {
   size_t free_bytes = 0, total_bytes = 0;
   EKVA_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
   if (bytes_ + reserve_bytes > free_bytes) {
     fail(ErrorKind::kOutOfMemory,
          "{}: the weights ({} bytes in bf16) and the KV pool ({} bytes) need {} bytes of GPU "
          "memory; {} of {} bytes are free",
-         model.dir().string(), bytes_, reserve_bytes, bytes_ + reserve_bytes, free_bytes,
-         total_bytes);
+         source, bytes_, reserve_bytes, bytes_ + reserve_bytes, free_bytes, total_bytes);
   }
+}
+
+void DeviceModel::set_rope() {
+  const RopeTable rope = make_rope_table(spec_.rope, spec_.head_dim);
+  const std::vector<float> inv_freq(rope.inv_freq.begin(), rope.inv_freq.end());
+  inv_freq_ = upload_f32(inv_freq);
+  attention_factor_ = static_cast<float>(rope.attention_factor);
+}
+
+DeviceModel::DeviceModel(const Model& model, size_t reserve_bytes)
+    : spec_(model.spec()), bytes_(weight_bytes(model.spec())) {
+  const ModelSpec& s = spec_;
+  check_fits(reserve_bytes, model.dir().string());
   embed_ = upload({&model.embed()});
   lm_head_ = upload({&model.lm_head()});
   final_norm_ = upload_f32(model.final_norm());
@@ -126,10 +172,55 @@ DeviceModel::DeviceModel(const Model& model, size_t reserve_bytes) : model_(&mod
       D.dense = upload(L.dense);
     }
   }
-  const RopeTable rope = make_rope_table(s.rope, s.head_dim);
-  std::vector<float> inv_freq(rope.inv_freq.begin(), rope.inv_freq.end());
-  inv_freq_ = upload_f32(inv_freq);
-  attention_factor_ = static_cast<float>(rope.attention_factor);
+  set_rope();
+}
+
+DeviceModel::DeviceModel(const ModelSpec& spec, uint64_t seed, size_t reserve_bytes,
+                         const std::string& source)
+    : spec_(spec), bytes_(weight_bytes(spec)) {
+  const ModelSpec& s = spec_;
+  check_fits(reserve_bytes, source);
+  RandomWeights random(seed, nullptr);
+  const int hidden = s.hidden_size;
+  embed_ = random.matrix(s.vocab_size, hidden);
+  lm_head_ = random.matrix(s.vocab_size, hidden);
+  final_norm_ = random.vector(hidden, 1.0f);
+  layers_.resize(s.num_layers);
+  for (int l = 0; l < s.num_layers; ++l) {
+    DeviceLayer& D = layers_[l];
+    D.attn_norm = random.vector(hidden, 1.0f);
+    D.mlp_norm = random.vector(hidden, 1.0f);
+    if (s.qk_norm == QkNorm::kPerHead) {
+      D.q_norm = random.vector(s.head_dim, 1.0f);
+      D.k_norm = random.vector(s.head_dim, 1.0f);
+    } else if (s.qk_norm == QkNorm::kWholeProjection) {
+      D.q_norm = random.vector(s.q_dim(), 1.0f);
+      D.k_norm = random.vector(s.kv_dim(), 1.0f);
+    }
+    if (s.qkv_bias) {
+      D.q_bias = random.vector(s.q_dim(), 0.0f);
+      D.k_bias = random.vector(s.kv_dim(), 0.0f);
+      D.v_bias = random.vector(s.kv_dim(), 0.0f);
+    }
+    if (s.o_bias) D.o_bias = random.vector(hidden, 0.0f);
+    D.q = random.matrix(s.q_dim(), hidden);
+    D.k = random.matrix(s.kv_dim(), hidden);
+    D.v = random.matrix(s.kv_dim(), hidden);
+    D.o = random.matrix(hidden, s.q_dim());
+    if (s.layer_is_moe[l]) {
+      D.router = random.random_f32(static_cast<size_t>(s.num_experts) * hidden);
+      for (int e = 0; e < s.num_experts; ++e)
+        D.experts.push_back(random.mlp(s.expert_intermediate, hidden));
+      if (s.shared_intermediate > 0) {
+        D.shared = random.mlp(s.shared_intermediate, hidden);
+        if (s.shared_expert_gated) D.shared_gate = random.random_f32(hidden);
+      }
+    } else {
+      D.dense = random.mlp(s.dense_intermediate, hidden);
+    }
+  }
+  set_rope();
+  EKVA_CUDA_CHECK(cudaStreamSynchronize(nullptr));
 }
 
 }  // namespace ekva::cuda

@@ -1,8 +1,11 @@
 #pragma once
 // A model's weights on the device, uploaded once: matrices in bf16 (f32 and f16 checkpoints are
 // converted on the way), each expert's gate and up fused into one [2 * inter, hidden] matrix,
-// norms, biases and the routers in float32. Shared by every backend that runs the model.
+// norms, biases and the routers in float32. Shared by every backend that runs the model. Or, for
+// configurations too large to ship (Mixtral-8x7B is 93 GB), seeded random weights made on the
+// device, so that full-size models can be timed.
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "backend/cuda/device_buffer.h"
@@ -38,8 +41,12 @@ class DeviceModel {
   // Uploads every weight; fails with kOutOfMemory naming the bytes needed and free when the
   // weights do not fit beside `reserve_bytes` (the KV pool the caller will allocate).
   DeviceModel(const Model& model, size_t reserve_bytes);
+  // Random weights of the shape `spec` describes: matrices uniform with standard deviation 0.02,
+  // norms 1, biases 0; the same seed gives the same weights. `source` names the configuration.
+  DeviceModel(const ModelSpec& spec, uint64_t seed, size_t reserve_bytes,
+              const std::string& source);
 
-  const Model& model() const { return *model_; }
+  const ModelSpec& spec() const { return spec_; }
   const DeviceMatrix& embed() const { return embed_; }
   const DeviceMatrix& lm_head() const { return lm_head_; }
   const DeviceBuffer<float>& final_norm() const { return final_norm_; }
@@ -48,11 +55,15 @@ class DeviceModel {
   float attention_factor() const { return attention_factor_; }
   size_t bytes() const { return bytes_; }
 
-  // Bytes the weights take on the device.
-  static size_t weight_bytes(const Model& model);
+  // Bytes the weights of a model of this shape take on the device.
+  static size_t weight_bytes(const ModelSpec& spec);
 
  private:
-  const Model* model_;
+  // Fails with kOutOfMemory unless the weights and reserve_bytes fit in free device memory.
+  void check_fits(size_t reserve_bytes, const std::string& source) const;
+  void set_rope();
+
+  ModelSpec spec_;
   DeviceMatrix embed_, lm_head_;
   DeviceBuffer<float> final_norm_;
   std::vector<DeviceLayer> layers_;

@@ -149,6 +149,13 @@ __global__ void route_kernel(const float* logits, int n, int num_experts, int to
   }
 }
 
+__global__ void scatter_rows_bf16_kernel(const float* x, const int32_t* rows, int count, int cols,
+                                         uint16_t* out) {
+  EKVA_FOR_EACH(i, static_cast<int64_t>(count) * cols) {
+    out[static_cast<int64_t>(rows[i / cols]) * cols + i % cols] = to_bf16_bits(x[i]);
+  }
+}
+
 __global__ void gather_rows_kernel(const uint16_t* x, const int32_t* rows, int count, int cols,
                                    uint16_t* out) {
   EKVA_FOR_EACH(i, static_cast<int64_t>(count) * cols) {
@@ -178,6 +185,26 @@ __global__ void scatter_add_rows_kernel(const float* y, const int32_t* rows, con
 
 __global__ void sigmoid_kernel(float* x, int count) {
   EKVA_FOR_EACH(i, count) x[i] = 1.0f / (1.0f + expf(-x[i]));
+}
+
+// splitmix64 of (seed, index), as a uniform in [-1, 1).
+__device__ __forceinline__ float uniform_pm1(uint64_t seed, int64_t index) {
+  uint64_t z = seed + static_cast<uint64_t>(index) * 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return static_cast<float>(z >> 40) * (2.0f / 16777216.0f) - 1.0f;
+}
+
+// Uniform on [-a, a] has standard deviation a / sqrt(3).
+__global__ void fill_random_bf16_kernel(uint16_t* x, int64_t count, uint64_t seed, float a) {
+  EKVA_FOR_EACH(i, count) x[i] = to_bf16_bits(a * uniform_pm1(seed, i));
+}
+__global__ void fill_random_f32_kernel(float* x, int64_t count, uint64_t seed, float a) {
+  EKVA_FOR_EACH(i, count) x[i] = a * uniform_pm1(seed, i);
+}
+__global__ void fill_constant_kernel(float* x, int64_t count, float value) {
+  EKVA_FOR_EACH(i, count) x[i] = value;
 }
 
 #undef EKVA_FOR_EACH
@@ -238,6 +265,13 @@ void route_tokens(const float* logits, int n, int num_experts, int top_k, bool r
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 
+void scatter_rows_bf16(const float* x, const int32_t* rows, int count, int cols, uint16_t* out,
+                       cudaStream_t stream) {
+  scatter_rows_bf16_kernel<<<grid_for(static_cast<int64_t>(count) * cols), kThreads, 0, stream>>>(
+      x, rows, count, cols, out);
+  EKVA_CUDA_CHECK(cudaGetLastError());
+}
+
 void gather_rows(const uint16_t* x, const int32_t* rows, int count, int cols, uint16_t* out,
                  cudaStream_t stream) {
   gather_rows_kernel<<<grid_for(static_cast<int64_t>(count) * cols), kThreads, 0, stream>>>(
@@ -255,6 +289,24 @@ void scatter_add_rows(const float* y, const int32_t* rows, const float* weights,
                       int cols, float* out, cudaStream_t stream) {
   scatter_add_rows_kernel<<<grid_for(static_cast<int64_t>(count) * cols), kThreads, 0, stream>>>(
       y, rows, weights, count, cols, out);
+  EKVA_CUDA_CHECK(cudaGetLastError());
+}
+
+void fill_random_bf16(uint16_t* x, int64_t count, uint64_t seed, float stddev,
+                      cudaStream_t stream) {
+  fill_random_bf16_kernel<<<grid_for(count), kThreads, 0, stream>>>(x, count, seed,
+                                                                    stddev * 1.7320508f);
+  EKVA_CUDA_CHECK(cudaGetLastError());
+}
+
+void fill_random_f32(float* x, int64_t count, uint64_t seed, float stddev, cudaStream_t stream) {
+  fill_random_f32_kernel<<<grid_for(count), kThreads, 0, stream>>>(x, count, seed,
+                                                                   stddev * 1.7320508f);
+  EKVA_CUDA_CHECK(cudaGetLastError());
+}
+
+void fill_constant(float* x, int64_t count, float value, cudaStream_t stream) {
+  fill_constant_kernel<<<grid_for(count), kThreads, 0, stream>>>(x, count, value);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -55,6 +55,9 @@ struct PagedAttention {
 };
 void paged_attention(const PagedKvLayer& kv, const PagedAttention& attention, cudaStream_t stream);
 
+// Row rows[i] of out = bf16(row i of x), x float32 [count, cols].
+void scatter_rows_bf16(const float* x, const int32_t* rows, int count, int cols, uint16_t* out,
+                       cudaStream_t stream);
 // out[i] = bf16(rows[i] of x), x bf16 [?, cols].
 void gather_rows(const uint16_t* x, const int32_t* rows, int count, int cols, uint16_t* out,
                  cudaStream_t stream);
@@ -65,6 +68,11 @@ void silu_mul(const float* gate_up, int rows, int inter, uint16_t* out, cudaStre
 // weights null: 1.
 void scatter_add_rows(const float* y, const int32_t* rows, const float* weights, int count,
                       int cols, float* out, cudaStream_t stream);
+// Seeded random weights: uniform with the given standard deviation, a function of (seed, index).
+void fill_random_bf16(uint16_t* x, int64_t count, uint64_t seed, float stddev, cudaStream_t stream);
+void fill_random_f32(float* x, int64_t count, uint64_t seed, float stddev, cudaStream_t stream);
+void fill_constant(float* x, int64_t count, float value, cudaStream_t stream);
+
 // x[i] = 1 / (1 + exp(-x[i])).
 void sigmoid_in_place(float* x, int count, cudaStream_t stream);
 
