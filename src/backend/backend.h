@@ -6,6 +6,7 @@
 // backend is the reference for every other. To add a backend: implement Backend over the same
 // KvLayout page ids with your own page storage, and check it against CpuBackend (tests/backend).
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -15,6 +16,8 @@
 #include "kv/kv_pages.h"
 
 namespace ekva {
+
+class Model;
 
 // Any number of tokens from any sequences, each with its position: prefill (many tokens of a
 // sequence), decode (one token per sequence) and their mix are the same step.
@@ -110,5 +113,8 @@ class Backend {
   // layer -1 restores the model.
   virtual void disable_expert(int layer, int expert) = 0;
 };
+
+// Makes the backend that runs an engine's steps over its layout; the CLI picks one per --device.
+using BackendFactory = std::function<std::unique_ptr<Backend>(const Model&, const KvLayout&)>;
 
 }  // namespace ekva

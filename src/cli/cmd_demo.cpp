@@ -10,6 +10,7 @@
 #include "budget/allocator.h"
 #include "budget/calibration.h"
 #include "cli/commands.h"
+#include "cli/device_args.h"
 #include "core/error.h"
 #include "eval/evaluate.h"
 #include "io/json_file.h"
@@ -29,6 +30,7 @@ struct DemoArgs {
   double budget = 0.2;
   uint64_t seed = 777001;
   std::vector<std::string> baselines{"snapkv", "streaming"};
+  DeviceArgs device;
 };
 
 std::string mib(double bytes) {
@@ -85,8 +87,10 @@ int run_demo(const DemoArgs& a) {
   fmt::print(stderr, "[3/3] answering a {}-token passkey prompt under {} policies\n", prefix.size(),
              policies.size());
   const int max_new = static_cast<int>(tokenizer->encode(instance.answer, false).size()) + 2;
+  EngineOptions engine_options;
+  const std::string device = use_device(a.device, "", engine_options);
   const std::vector<PolicyOutcome> outcomes =
-      run_policies(*model, prefix, suffix, policies, max_new);
+      run_policies(*model, prefix, suffix, policies, max_new, engine_options);
 
   fmt::print("EKVA demo: {} ({} layers, {} experts top-{}), calibrated on {} held-out tokens\n\n",
              model_dir.filename().string(), spec.num_layers, spec.num_experts, spec.top_k,
@@ -110,7 +114,9 @@ int run_demo(const DemoArgs& a) {
         100.0 * static_cast<double>(o.kv_bytes) / static_cast<double>(o.kv_bytes_full));
   }
   fmt::print(
-      "\nKV bytes count the pages of the paged pool in use after the answer (fp32 K and V).\n");
+      "\nKV bytes count the pages of the paged pool in use after the answer ({} K and V, {} "
+      "backend).\n",
+      dtype_name(engine_options.kv.dtype), device);
   fmt::print("wall time {:.1f} s (sweeps over budgets and tasks: ekva eval; docs/RESULTS.md)\n",
              elapsed());
   return 0;
@@ -140,6 +146,7 @@ void add_demo(CLI::App& app, Action& action) {
       ->delimiter(',')
       ->capture_default_str();
   cmd->add_option("--seed", a->seed, "Seed of the instance")->capture_default_str();
+  add_device_option(cmd, a->device);
   cmd->callback([&action, a] { action = [a] { return run_demo(*a); }; });
 }
 

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/device_args.h"
 #include "cli/policy_args.h"
 #include "eval/evaluate.h"
 #include "eval/report.h"
@@ -27,6 +28,7 @@ struct EvalArgs {
   std::string heldout = "data/eval/heldout.txt";
   int ppl_tokens = 128;
   PolicyArgs kv;  // --plan, --window, --sinks; --policies and --budgets give the rest
+  DeviceArgs device;
   std::string out;
   bool json = false;
 };
@@ -70,7 +72,8 @@ int run_eval(const EvalArgs& a) {
   options.mode = parse_query_mode(a.mode);
   if (ppl) options.heldout_text = read_text_file(repository_path(a.heldout));
   options.ppl_tokens = a.ppl_tokens;
-  options.kv = kv_format(a.kv);
+  options.engine.kv = kv_format(a.kv);
+  const std::string device = use_device(a.device, a.kv.kv_dtype, options.engine);
   options.progress = [](int done, int total) {
     fmt::print(stderr, "\reval [{:<30}] {}/{} (sample x policy)",
                std::string(30 * done / total, '#'), done, total);
@@ -85,6 +88,7 @@ int run_eval(const EvalArgs& a) {
   nlohmann::json results = nlohmann::json::array();
   for (const auto& s : scores) results.push_back(score_json(s));
   const nlohmann::json report = {{"model", a.model_dir},
+                                 {"device", device},
                                  {"context", a.context},
                                  {"samples", a.samples},
                                  {"seed", a.seed},
@@ -170,6 +174,7 @@ void add_eval(CLI::App& app, Action& action) {
   cmd->add_option("--ppl-tokens", a->ppl_tokens, "ppl: continuation tokens scored per window")
       ->capture_default_str();
   add_shared_policy_options(cmd, a->kv);
+  add_device_option(cmd, a->device);
   cmd->add_option("--out", a->out,
                   "Directory for results.json, results.csv, chart-TASK.svg and plan.json");
   cmd->add_flag("--json", a->json, "Print one JSON object");

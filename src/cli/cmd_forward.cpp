@@ -1,6 +1,7 @@
 #include <fmt/core.h>
 
 #include "cli/commands.h"
+#include "cli/device_args.h"
 #include "core/error.h"
 #include "engine/engine.h"
 #include "io/safetensors.h"
@@ -8,7 +9,8 @@
 namespace ekva::cli {
 namespace {
 
-int run_forward(const std::string& model_dir, const std::string& input, const std::string& out) {
+int run_forward(const std::string& model_dir, const std::string& input, const std::string& out,
+                const DeviceArgs& device) {
   const auto model = Model::load(model_dir);
   const ModelSpec& s = model->spec();
   SafetensorsFile in(input);
@@ -23,6 +25,7 @@ int run_forward(const std::string& model_dir, const std::string& input, const st
   const auto* id = static_cast<const int64_t*>(ids.data);
   EngineOptions engine_options;
   engine_options.num_sequences = B;
+  use_device(device, "", engine_options);
   Engine engine(*model, engine_options);
   ForwardBatch batch;
   for (int b = 0; b < B; ++b) {
@@ -65,8 +68,10 @@ void add_forward(CLI::App& app, Action& action) {
   cmd->add_option("--input", *input, "safetensors file with input_ids [B, T] int64")->required();
   cmd->add_option("--out", *out, "Output safetensors: logits [B, T, V], router_logits.N [B*T, E]")
       ->required();
-  cmd->callback([&action, model_dir, input, out] {
-    action = [=] { return run_forward(*model_dir, *input, *out); };
+  auto device = std::make_shared<DeviceArgs>();
+  add_device_option(cmd, *device);
+  cmd->callback([&action, model_dir, input, out, device] {
+    action = [=] { return run_forward(*model_dir, *input, *out, *device); };
   });
 }
 

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "cli/device_args.h"
 #include "cli/policy_args.h"
 #include "core/error.h"
 #include "engine/generate.h"
@@ -25,6 +26,7 @@ struct GenerateArgs {
   uint64_t seed = 0;
   bool json = false;
   PolicyArgs kv;
+  DeviceArgs device;
 };
 
 std::vector<int32_t> parse_ids(const std::string& text) {
@@ -70,6 +72,7 @@ int run_generate(const GenerateArgs& a) {
   }
   EngineOptions engine_options;
   engine_options.kv = kv_format(a.kv);
+  const std::string device = use_device(a.device, a.kv.kv_dtype, engine_options);
   Engine engine(*model, engine_options, make_policy_options(a.kv, s));
   GenerateOptions options;
   options.max_new_tokens = a.max_new_tokens;
@@ -79,6 +82,7 @@ int run_generate(const GenerateArgs& a) {
   const double decode_tps = r.decode_seconds > 0 ? r.decode_steps / r.decode_seconds : 0.0;
   if (a.json) {
     nlohmann::json j = {{"tokens", r.tokens},
+                        {"device", device},
                         {"stopped_at_eos", r.stopped_at_eos},
                         {"stats",
                          {{"prompt_tokens", r.prefill_tokens},
@@ -107,9 +111,10 @@ int run_generate(const GenerateArgs& a) {
     return 0;
   }
   fmt::print("{}\n", fmt::join(r.tokens, ","));
-  fmt::print(stderr,
-             "prefill {} tokens at {:.1f} tok/s, decode {} steps at {:.1f} tok/s, KV {} bytes\n",
-             r.prefill_tokens, prefill_tps, r.decode_steps, decode_tps, r.kv_bytes);
+  fmt::print(
+      stderr,
+      "{}: prefill {} tokens at {:.1f} tok/s, decode {} steps at {:.1f} tok/s, KV {} bytes\n",
+      device, r.prefill_tokens, prefill_tps, r.decode_steps, decode_tps, r.kv_bytes);
   return 0;
 }
 
@@ -134,6 +139,7 @@ void add_generate(CLI::App& app, Action& action) {
   cmd->add_option("--seed", a->seed, "Random seed for sampling")->capture_default_str();
   cmd->add_flag("--json", a->json, "Print one JSON object with tokens, stats and KV use");
   add_policy_options(cmd, a->kv);
+  add_device_option(cmd, a->device);
   cmd->callback([&action, a, ids, prompt] {
     if (ids->count() == 0 && prompt->count() == 0) throw CLI::RequiredError("--ids or --prompt");
     action = [a] { return run_generate(*a); };

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "cli/device_args.h"
 #include "cli/policy_args.h"
 #include "core/error.h"
 #include "serve/server.h"
@@ -33,6 +34,7 @@ struct ServeArgs {
   int max_sequences = 8;
   int prefill_chunk = 256;
   PolicyArgs kv;
+  DeviceArgs device;
 };
 
 int run_serve(const ServeArgs& a) {
@@ -50,9 +52,12 @@ int run_serve(const ServeArgs& a) {
   serve::SchedulerOptions& scheduler = options.scheduler;
   scheduler.max_sequences = a.max_sequences;
   scheduler.prefill_chunk = a.prefill_chunk;
-  scheduler.kv = kv_format(a.kv);
+  EngineOptions engine;
+  engine.kv = kv_format(a.kv);
+  const std::string device = use_device(a.device, a.kv.kv_dtype, engine);
+  scheduler.kv = engine.kv;
+  scheduler.backend = engine.backend;
   scheduler.policy = make_policy_options(a.kv, s);
-  // The backend stays the engine's default (the CPU); a --device option chooses it here.
   const size_t page_bytes = KvLayout(s, 1, scheduler.kv, 1).page_bytes();
   if (a.kv_memory > 0) {
     scheduler.kv_capacity_pages = a.kv_memory / static_cast<int64_t>(page_bytes);
@@ -66,10 +71,10 @@ int run_serve(const ServeArgs& a) {
   const int port = server.bind(a.host, a.port);
   const serve::SchedulerStats stats = server.stats();
   fmt::print(stderr,
-             "ekva serve: {} on http://{}:{} (KV {} pages of {} bytes, {} sequences at most, "
+             "ekva serve: {} on http://{}:{} ({}, KV {} pages of {} bytes, {} sequences at most, "
              "policy {}); Ctrl-C stops\n",
-             options.model_name, a.host, port, stats.capacity_pages, page_bytes, a.max_sequences,
-             a.kv.policy);
+             options.model_name, a.host, port, device, stats.capacity_pages, page_bytes,
+             a.max_sequences, a.kv.policy);
   std::atomic<bool> served{false};
   struct sigaction action {};
   action.sa_handler = on_stop_signal;
@@ -118,6 +123,7 @@ void add_serve(CLI::App& app, Action& action) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   add_policy_options(cmd, a->kv);
+  add_device_option(cmd, a->device);
   cmd->callback([&action, a] { action = [a] { return run_serve(*a); }; });
 }
 

@@ -34,6 +34,7 @@ int main(int argc, char** argv) {
   ekva::cli::add_plan(app, action);
   ekva::cli::add_eval(app, action);
   ekva::cli::add_demo(app, action);
+  ekva::cli::add_bench(app, action);
   ekva::cli::add_serve(app, action);
   ekva::cli::add_loadgen(app, action);
   try {

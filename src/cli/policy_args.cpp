@@ -39,9 +39,10 @@ void add_shared_policy_options(CLI::App* cmd, PolicyArgs& args) {
   cmd->add_option("--reserve-cap", args.reserve.cap,
                   "... at most this share of a head's room (after the recent window)")
       ->capture_default_str();
-  cmd->add_option("--kv-dtype", args.kv_dtype, "Element type of the stored K and V: f32 or bf16")
-      ->check(CLI::IsMember({"f32", "bf16"}))
-      ->capture_default_str();
+  cmd->add_option("--kv-dtype", args.kv_dtype,
+                  "Element type of the stored K and V: f32 or bf16 (default: f32 on the CPU, bf16 "
+                  "on the GPU)")
+      ->check(CLI::IsMember({"f32", "bf16"}));
 }
 
 KvFormat kv_format(const PolicyArgs& args) {

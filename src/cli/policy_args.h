@@ -15,7 +15,7 @@ struct PolicyArgs {
   int window = 16;
   int sinks = 4;
   int refresh = 64;
-  std::string kv_dtype = "f32";  // element type the engine stores K and V in
+  std::string kv_dtype;  // element type the engine stores K and V in; empty: the device's own
   ReserveOptions reserve;
 };
 
@@ -25,7 +25,7 @@ void add_policy_options(CLI::App* cmd, PolicyArgs& args);
 // --plan, --window and --sinks: what every command that runs policies takes (eval names its
 // policies and budgets in lists).
 void add_shared_policy_options(CLI::App* cmd, PolicyArgs& args);
-// The engine's KV page format from --kv-dtype (f32 or bf16).
+// The engine's KV page format from --kv-dtype (f32 or bf16; f32 when not given).
 KvFormat kv_format(const PolicyArgs& args);
 // Loads the plan, if any, and checks it against the model.
 PolicyOptions make_policy_options(const PolicyArgs& args, const ModelSpec& spec);

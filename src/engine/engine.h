@@ -3,7 +3,6 @@
 // backend that executes steps and evictions, and the KV policy that decides them. generate, eval,
 // calibrate and demo all run through it.
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -15,9 +14,6 @@
 #include "model/model.h"
 
 namespace ekva {
-
-// Makes the backend that runs an engine's steps over its layout; the CLI picks one per --device.
-using BackendFactory = std::function<std::unique_ptr<Backend>(const Model&, const KvLayout&)>;
 
 struct EngineOptions {
   int num_sequences = 1;

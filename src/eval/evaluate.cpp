@@ -43,7 +43,7 @@ EvalTask parse_eval_task(std::string_view name) {
 std::vector<PolicyOutcome> run_policies(const Model& model, const std::vector<int32_t>& prefix,
                                         const std::vector<int32_t>& suffix,
                                         const std::vector<PolicyOptions>& policies,
-                                        int max_new_tokens, const KvFormat& kv) {
+                                        int max_new_tokens, const EngineOptions& engine_options) {
   const ModelSpec& spec = model.spec();
   if (prefix.empty()) fail(ErrorKind::kInvalidArgument, "eval: the prefix is empty");
   const int64_t total = static_cast<int64_t>(prefix.size() + suffix.size()) + max_new_tokens;
@@ -61,8 +61,6 @@ std::vector<PolicyOutcome> run_policies(const Model& model, const std::vector<in
     auto it = std::find_if(prefills.begin(), prefills.end(),
                            [&](const Prefilled& p) { return p.score_queries == score_queries; });
     if (it == prefills.end()) {
-      EngineOptions engine_options;
-      engine_options.kv = kv;
       Engine engine(model, engine_options, options);
       std::vector<float> logits = engine.prefill(0, prefix);
       prefills.push_back({score_queries, std::move(engine), std::move(logits)});
@@ -178,7 +176,7 @@ std::vector<TaskScore> evaluate_tasks(const Model& model, const Tokenizer& token
         suffix.assign(split, begin + static_cast<ptrdiff_t>(window));
       }
       const std::vector<PolicyOutcome> outcomes =
-          run_policies(model, prefix, suffix, options.policies, max_new, options.kv);
+          run_policies(model, prefix, suffix, options.policies, max_new, options.engine);
       for (size_t p = 0; p < outcomes.size(); ++p) {
         const PolicyOutcome& o = outcomes[p];
         TaskScore& s = scores[first + p];

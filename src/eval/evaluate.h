@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/engine.h"
 #include "eval/metrics.h"
 #include "eval/tasks.h"
 #include "kv/policy.h"
@@ -48,7 +49,7 @@ struct TaskEvalOptions {
   QueryMode mode = QueryMode::kAware;
   std::string heldout_text;  // ppl: windows are cut from it, one after another
   int ppl_tokens = 128;      // ppl: continuation tokens scored per window
-  KvFormat kv;               // the engine's KV pages (element type: what the byte counts count)
+  EngineOptions engine;      // KV pages (their element type is what byte counts count) and backend
   EvalProgress progress;
 };
 
@@ -95,7 +96,8 @@ struct PolicyOutcome {
 std::vector<PolicyOutcome> run_policies(const Model& model, const std::vector<int32_t>& prefix,
                                         const std::vector<int32_t>& suffix,
                                         const std::vector<PolicyOptions>& policies,
-                                        int max_new_tokens, const KvFormat& kv = {});
+                                        int max_new_tokens,
+                                        const EngineOptions& engine_options = {});
 
 // The prefix and suffix a task instance is run as: BOS + prompt and nothing (query-aware), or
 // BOS + context and the question (query-agnostic).

@@ -51,17 +51,27 @@ std::vector<uint8_t> select_evictions(const HeadTable& t, const SegmentEviction&
   return evict;
 }
 
-void apply_on_host(const EvictionPlan& plan, KvLayout& layout, KvPages& pages) {
+std::vector<std::vector<uint8_t>> select_plan_evictions(const EvictionPlan& plan,
+                                                        KvLayout& layout) {
   if (plan.pool_kernel > 1) {
     for (int l = 0; l < layout.num_layers(); ++l) {
       for (int h = 0; h < layout.num_kv_heads(); ++h)
         pool_scores(layout.table(plan.seq, l, h), plan.pool_kernel);
     }
   }
-  for (const SegmentEviction& segment : plan.segments) {
-    const std::vector<uint8_t> flags =
-        select_evictions(layout.table(plan.seq, segment.layer, segment.kv_head), segment);
-    pages.move_rows(layout.evict_flagged(plan.seq, segment.layer, segment.kv_head, flags));
+  std::vector<std::vector<uint8_t>> flags;
+  flags.reserve(plan.segments.size());
+  for (const SegmentEviction& segment : plan.segments)
+    flags.push_back(
+        select_evictions(layout.table(plan.seq, segment.layer, segment.kv_head), segment));
+  return flags;
+}
+
+void apply_on_host(const EvictionPlan& plan, KvLayout& layout, KvPages& pages) {
+  const std::vector<std::vector<uint8_t>> flags = select_plan_evictions(plan, layout);
+  for (size_t i = 0; i < plan.segments.size(); ++i) {
+    const SegmentEviction& segment = plan.segments[i];
+    pages.move_rows(layout.evict_flagged(plan.seq, segment.layer, segment.kv_head, flags[i]));
   }
 }
 

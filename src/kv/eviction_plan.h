@@ -38,8 +38,12 @@ struct EvictionPlan {
 // remaining room. Best: higher score, then earlier position.
 std::vector<uint8_t> select_evictions(const HeadTable& table, const SegmentEviction& segment);
 
-// Executes a plan over host pages: pools, selects with select_evictions, compacts the layout and
-// moves the pages' rows. The CPU backend's apply.
+// A plan's selection as every backend makes it: pools the sequence's scores (plan.pool_kernel),
+// then select_evictions per segment; flags[i] belongs to plan.segments[i].
+std::vector<std::vector<uint8_t>> select_plan_evictions(const EvictionPlan& plan, KvLayout& layout);
+
+// Executes a plan over host pages: selects (select_plan_evictions), compacts the layout and moves
+// the pages' rows. The CPU backend's apply.
 void apply_on_host(const EvictionPlan& plan, KvLayout& layout, KvPages& pages);
 
 // Max-pools the scores of a table over positions (window `kernel`, centred), as SnapKV smooths

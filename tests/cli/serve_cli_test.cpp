@@ -49,7 +49,7 @@ INSTANTIATE_TEST_SUITE_P(Signals, ServeCli, ::testing::Values("INT", "TERM"));
 TEST(ServeCliHelp, ListsTheOptions) {
   const std::string out = shell(std::string(EKVA_BINARY) + " serve --help");
   for (const char* option : {"--model", "--host", "--port", "--kv-memory", "--max-sequences",
-                             "--prefill-chunk", "--policy", "--budget", "--plan"}) {
+                             "--prefill-chunk", "--policy", "--budget", "--plan", "--device"}) {
     EXPECT_NE(out.find(option), std::string::npos) << option;
   }
   const std::string loadgen = shell(std::string(EKVA_BINARY) + " loadgen --help");

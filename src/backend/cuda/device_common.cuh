@@ -128,6 +128,21 @@ __device__ __forceinline__ uint16_t to_bf16_bits(float x) {
   return *reinterpret_cast<const uint16_t*>(&v);
 }
 
+// cos and sin of one rotary pair as cpu::Rope computes them: a float32 angle, cos/sin in double
+// scaled by the attention factor, rounded to float32.
+__device__ __forceinline__ float2 rope_cos_sin(int32_t position, float inv_freq,
+                                               float attention_factor) {
+  const float angle = __fmul_rn(static_cast<float>(position), inv_freq);
+  return make_float2(static_cast<float>(cos(static_cast<double>(angle)) * attention_factor),
+                     static_cast<float>(sin(static_cast<double>(angle)) * attention_factor));
+}
+// The rotated pair (a, b) = (x[i], x[i + half]), in float32 without contraction so that both
+// backends round alike.
+__device__ __forceinline__ float2 rope_rotate(float a, float b, float2 cs) {
+  return make_float2(__fsub_rn(__fmul_rn(a, cs.x), __fmul_rn(b, cs.y)),
+                     __fadd_rn(__fmul_rn(b, cs.x), __fmul_rn(a, cs.y)));
+}
+
 // Pool row index (page * page_size + row) of slot `slot` in a segment's block table.
 __device__ __forceinline__ int64_t pool_row(const int32_t* table, int slot, int page_size) {
   const int page_index = slot / page_size;

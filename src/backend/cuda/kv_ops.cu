@@ -29,17 +29,13 @@ __global__ void append_kv_kernel(const AppendLaunch p) {
     uint16_t* key = p.pool + key_offset(row, p.page_size, p.head_dim);
     uint16_t* value = key + static_cast<int64_t>(p.page_size) * p.head_dim;
 
-    // As cpu::Rope: float32 angle, cos/sin in double scaled by the attention factor, then the
-    // rotation in float32 without contraction so that both backends round alike.
-    const float angle = __fmul_rn(static_cast<float>(p.positions[token]), p.inv_freq[pair]);
-    const float c = static_cast<float>(cos(static_cast<double>(angle)) * p.attention_factor);
-    const float s = static_cast<float>(sin(static_cast<double>(angle)) * p.attention_factor);
     const float* k_in = p.keys + token_head * p.head_dim;
     const float* v_in = p.values + token_head * p.head_dim;
-    const float a = k_in[pair];
-    const float b = k_in[pair + half];
-    key[pair] = to_bf16_bits(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)));
-    key[pair + half] = to_bf16_bits(__fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s)));
+    const float2 rotated =
+        rope_rotate(k_in[pair], k_in[pair + half],
+                    rope_cos_sin(p.positions[token], p.inv_freq[pair], p.attention_factor));
+    key[pair] = to_bf16_bits(rotated.x);
+    key[pair + half] = to_bf16_bits(rotated.y);
     value[pair] = to_bf16_bits(v_in[pair]);
     value[pair + half] = to_bf16_bits(v_in[pair + half]);
     if (pair == 0) {

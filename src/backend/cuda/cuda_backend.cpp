@@ -1,0 +1,446 @@
+#include "backend/cuda/cuda_backend.h"
+
+#include <algorithm>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/decode_attention.h"
+#include "backend/cuda/kv_ops.h"
+#include "backend/cuda/model_ops.h"
+#include "core/error.h"
+
+namespace ekva::cuda {
+namespace {
+
+const KvLayout& checked(const KvLayout& layout) {
+  if (layout.dtype() != DType::kBF16) {
+    fail(ErrorKind::kUnsupported,
+         "the CUDA backend stores K/V in bf16; the cache was set up for {} (use --kv-dtype bf16)",
+         dtype_name(layout.dtype()));
+  }
+  return layout;
+}
+
+int64_t pool_rows(const KvLayout& layout) {
+  return layout.capacity_pages() * layout.page_size();
+}
+
+}  // namespace
+
+size_t kv_pool_device_bytes(const KvLayout& layout) {
+  return static_cast<size_t>(pool_rows(layout)) *
+         (2 * static_cast<size_t>(layout.head_dim()) * sizeof(uint16_t) + sizeof(TokenMeta) +
+          sizeof(float) + sizeof(uint8_t));
+}
+
+CudaBackend::CudaBackend(const Model& model, const KvLayout& layout)
+    : CudaBackend(std::make_shared<const DeviceModel>(model, kv_pool_device_bytes(checked(layout))),
+                  layout) {}
+
+CudaBackend::CudaBackend(std::shared_ptr<const DeviceModel> weights, const KvLayout& layout)
+    : CudaBackend(std::move(weights), pool_rows(checked(layout)), layout.head_dim(),
+                  layout.num_sequences() * layout.num_kv_heads()) {}
+
+CudaBackend::CudaBackend(std::shared_ptr<const DeviceModel> weights, int64_t rows, int head_dim,
+                         int num_segments)
+    : weights_(std::move(weights)),
+      pool_rows_(rows),
+      head_dim_(head_dim),
+      num_segments_(num_segments) {
+  EKVA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  gemm_ = std::make_unique<Gemm>(stream_);
+  pool_ = DeviceBuffer<uint16_t>(static_cast<size_t>(pool_rows_) * 2 * head_dim_);
+  meta_ = DeviceBuffer<TokenMeta>(static_cast<size_t>(pool_rows_));
+  score_delta_ = DeviceBuffer<float>(static_cast<size_t>(pool_rows_));
+  flags_ = DeviceBuffer<uint8_t>(static_cast<size_t>(pool_rows_));
+  compaction_ = DeviceBuffer<uint8_t>(compaction_workspace_bytes(pool_rows_, num_segments_));
+  // A slot is read only once written, but a timing run may reserve slots without running them:
+  // they read as zero K/V at position 0 rather than as whatever the allocation held.
+  EKVA_CUDA_CHECK(cudaMemsetAsync(pool_.data(), 0, pool_.bytes(), stream_));
+  EKVA_CUDA_CHECK(cudaMemsetAsync(meta_.data(), 0, meta_.bytes(), stream_));
+}
+
+CudaBackend::~CudaBackend() {
+  gemm_.reset();
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+}
+
+std::unique_ptr<Backend> CudaBackend::clone() const {
+  std::unique_ptr<CudaBackend> copy(
+      new CudaBackend(weights_, pool_rows_, head_dim_, num_segments_));
+  EKVA_CUDA_CHECK(cudaMemcpyAsync(copy->pool_.data(), pool_.data(), pool_.bytes(),
+                                  cudaMemcpyDeviceToDevice, stream_));
+  EKVA_CUDA_CHECK(cudaMemcpyAsync(copy->meta_.data(), meta_.data(), meta_.bytes(),
+                                  cudaMemcpyDeviceToDevice, stream_));
+  EKVA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  copy->disabled_ = disabled_;
+  return copy;
+}
+
+template <typename T>
+T* CudaBackend::scratch(DeviceBuffer<T>& buffer, size_t count) {
+  if (buffer.size() < count) {
+    EKVA_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the old buffer may still be read
+    buffer = DeviceBuffer<T>(std::max(count, buffer.size() * 2));
+  }
+  return buffer.data();
+}
+
+void CudaBackend::upload_tables(const KvLayout& layout, const std::vector<int32_t>& step_ints) {
+  const int S = layout.num_sequences(), H = layout.num_kv_heads(), L = layout.num_layers();
+  std::vector<int32_t> ints = step_ints;
+  std::vector<size_t> at(L);  // each layer's offsets, then lengths, then page ids
+  for (int l = 0; l < L; ++l) {
+    at[l] = ints.size();
+    const size_t offsets = ints.size(), lengths = offsets + S * H + 1;
+    ints.resize(lengths + S * H);
+    ints[offsets] = 0;
+    for (int s = 0; s < S; ++s) {
+      for (int h = 0; h < H; ++h) {
+        const HeadTable& t = layout.table(s, l, h);
+        const int segment = s * H + h;
+        ints.insert(ints.end(), t.pages.begin(), t.pages.end());
+        ints[offsets + segment + 1] =
+            ints[offsets + segment] + static_cast<int32_t>(t.pages.size());
+        ints[lengths + segment] = t.size();
+      }
+    }
+  }
+  int32_t* device = scratch(ints_, ints.size());
+  EKVA_CUDA_CHECK(cudaMemcpyAsync(device, ints.data(), ints.size() * sizeof(int32_t),
+                                  cudaMemcpyHostToDevice, stream_));
+  views_.assign(L, {});
+  for (int l = 0; l < L; ++l) {
+    PagedKvLayer& v = views_[l];
+    v.pool = pool_.data();
+    v.meta = meta_.data();
+    v.page_offsets = device + at[l];
+    v.lengths = device + at[l] + S * H + 1;
+    v.page_ids = device + at[l] + 2 * S * H + 1;
+    v.num_sequences = S;
+    v.num_kv_heads = H;
+    v.head_dim = layout.head_dim();
+    v.page_size = layout.page_size();
+  }
+  // The step's inputs, in the order run() lays them out.
+  tokens_ = device;
+}
+
+void CudaBackend::attention_block(int layer, const StepPlan& plan, bool decode, bool scoring) {
+  const int n = plan.batch.size();
+  const DeviceModel& w = *weights_;
+  const ModelSpec& s = w.spec();
+  const DeviceLayer& D = w.layer(layer);
+  const int d = s.head_dim, hidden = s.hidden_size;
+  float* q = scratch(q_, static_cast<size_t>(n) * s.q_dim());
+  float* k = scratch(k_, static_cast<size_t>(n) * s.kv_dim());
+  float* v = scratch(v_, static_cast<size_t>(n) * s.kv_dim());
+  const uint16_t* x = x_bf16_.data();
+  gemm_->bf16(x, n, D.q.data.data(), s.q_dim(), hidden, q);
+  gemm_->bf16(x, n, D.k.data.data(), s.kv_dim(), hidden, k);
+  gemm_->bf16(x, n, D.v.data.data(), s.kv_dim(), hidden, v);
+  if (D.q_bias.size() > 0) add_bias(q, D.q_bias.data(), n, s.q_dim(), stream_);
+  if (D.k_bias.size() > 0) add_bias(k, D.k_bias.data(), n, s.kv_dim(), stream_);
+  if (D.v_bias.size() > 0) add_bias(v, D.v_bias.data(), n, s.kv_dim(), stream_);
+  const float eps = static_cast<float>(s.rms_eps);
+  if (s.qk_norm == QkNorm::kPerHead) {
+    rms_norm(q, n * s.num_heads, d, D.q_norm.data(), eps, q, nullptr, stream_);
+    rms_norm(k, n * s.num_kv_heads, d, D.k_norm.data(), eps, k, nullptr, stream_);
+  } else if (s.qk_norm == QkNorm::kWholeProjection) {
+    rms_norm(q, n, s.q_dim(), D.q_norm.data(), eps, q, nullptr, stream_);
+    rms_norm(k, n, s.kv_dim(), D.k_norm.data(), eps, k, nullptr, stream_);
+  }
+  if (s.clip_qkv) {
+    for (auto [p, count] : {std::pair{q, n * s.q_dim()}, std::pair{k, n * s.kv_dim()},
+                            std::pair{v, n * s.kv_dim()}}) {
+      clamp_in_place(p, count, *s.clip_qkv, stream_);
+    }
+  }
+  apply_rope(q, n, s.num_heads, d, positions_, w.inv_freq().data(), w.attention_factor(), stream_);
+  KvAppend append;
+  append.keys = k;
+  append.values = v;
+  append.sequences = sequences_;
+  append.positions = positions_;
+  append.slots = slots_ + static_cast<size_t>(layer) * n * s.num_kv_heads;
+  append.inv_freq = w.inv_freq().data();
+  append.attention_factor = w.attention_factor();
+  append.count = n;
+  append_kv(views_[layer], append, stream_);
+  uint16_t* out = scratch(attn_bf16_, static_cast<size_t>(n) * s.q_dim());
+  const DecodeAttentionShape shape{plan.num_sequences,      s.num_heads, s.num_kv_heads, d,
+                                   views_[layer].page_size, scoring};
+  if (decode && DecodeAttentionPlan::can_implement(shape)) {
+    const size_t segments = static_cast<size_t>(plan.num_sequences) * s.num_kv_heads;
+    const DecodeAttentionPlan attention(
+        shape, std::span<const int32_t>(plan.lengths).subspan(layer * segments, segments));
+    const size_t rows = static_cast<size_t>(plan.num_sequences) * s.q_dim();
+    uint16_t* q_rows = scratch(decode_q_, rows);
+    uint16_t* out_rows = scratch(decode_out_, rows);
+    void* workspace = scratch(decode_workspace_, attention.workspace_bytes());
+    scatter_rows_bf16(q, sequences_, n, s.q_dim(), q_rows, stream_);
+    attention.upload(workspace, stream_);
+    attention.run(views_[layer], q_rows, out_rows, scoring ? score_delta_.data() : nullptr,
+                  workspace, stream_);
+    gather_rows(out_rows, sequences_, n, s.q_dim(), out, stream_);
+  } else {
+    PagedAttention attention;
+    attention.q = q;
+    attention.sequences = sequences_;
+    attention.positions = positions_;
+    attention.score_query = scoring ? score_query_.data() : nullptr;
+    attention.score_delta = scoring ? score_delta_.data() : nullptr;
+    attention.out = out;
+    attention.n = n;
+    attention.num_q_heads = s.num_heads;
+    paged_attention(views_[layer], attention, stream_);
+  }
+  float* delta = scratch(delta_, static_cast<size_t>(n) * hidden);
+  gemm_->bf16(out, n, D.o.data.data(), hidden, s.q_dim(), delta);
+  if (D.o_bias.size() > 0) add_bias(delta, D.o_bias.data(), n, hidden, stream_);
+}
+
+void CudaBackend::mlp(const DeviceMlp& m, const uint16_t* x, int rows, float* y) {
+  const int hidden = m.down.rows, inter = m.inter();
+  float* gate_up = scratch(gate_up_, static_cast<size_t>(rows) * 2 * inter);
+  gemm_->bf16(x, rows, m.gate_up.data.data(), 2 * inter, hidden, gate_up);
+  uint16_t* h = scratch(hidden_bf16_, static_cast<size_t>(rows) * inter);
+  silu_mul(gate_up, rows, inter, h, stream_);
+  gemm_->bf16(h, rows, m.down.data.data(), hidden, inter, y);
+}
+
+void CudaBackend::moe_block(int layer, int moe_index, const StepPlan& plan, KvLayout& layout,
+                            ForwardObserver* observer) {
+  const ForwardBatch& batch = plan.batch;
+  const ModelSpec& s = weights_->spec();
+  const DeviceLayer& D = weights_->layer(layer);
+  const int n = batch.size(), hidden = s.hidden_size;
+  float* delta = scratch(delta_, static_cast<size_t>(n) * hidden);
+  EKVA_CUDA_CHECK(
+      cudaMemsetAsync(delta, 0, static_cast<size_t>(n) * hidden * sizeof(float), stream_));
+  float* y = scratch(y_, static_cast<size_t>(n) * std::max(s.top_k, 1) * hidden);
+  if (!s.layer_is_moe[layer]) {
+    mlp(D.dense, x_bf16_.data(), n, y);
+    scatter_add_rows(y, nullptr, nullptr, n, hidden, delta, stream_);
+    return;
+  }
+  const int E = s.num_experts, k = s.top_k;
+  float* logits = scratch(router_logits_, static_cast<size_t>(n) * E);
+  gemm_->f32(normed_.data(), n, D.router.data(), E, hidden, logits);
+  int32_t* experts_d = scratch(experts_, static_cast<size_t>(n) * k);
+  float* gates_d = scratch(gates_, static_cast<size_t>(n) * k);
+  route_tokens(logits, n, E, k, s.norm_topk_prob, experts_d, gates_d, stream_);
+  std::vector<int32_t> experts(static_cast<size_t>(n) * k);
+  std::vector<float> gates(experts.size());
+  EKVA_CUDA_CHECK(cudaMemcpyAsync(experts.data(), experts_d, experts.size() * sizeof(int32_t),
+                                  cudaMemcpyDeviceToHost, stream_));
+  EKVA_CUDA_CHECK(cudaMemcpyAsync(gates.data(), gates_d, gates.size() * sizeof(float),
+                                  cudaMemcpyDeviceToHost, stream_));
+  std::vector<float> host_logits;
+  if (observer != nullptr) {
+    host_logits.resize(static_cast<size_t>(n) * E);
+    EKVA_CUDA_CHECK(cudaMemcpyAsync(host_logits.data(), logits, host_logits.size() * sizeof(float),
+                                    cudaMemcpyDeviceToHost, stream_));
+  }
+  EKVA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (observer != nullptr) observer->on_router_logits(layer, moe_index, host_logits.data(), n, E);
+
+  // The host mirror learns each slot's routing, as the CPU backend records it.
+  std::vector<std::vector<int32_t>> rows(E);
+  std::vector<std::vector<float>> row_gates(E);
+  for (int t = 0; t < n; ++t) {
+    for (int i = 0; i < k; ++i) {
+      rows[experts[static_cast<size_t>(t) * k + i]].push_back(t);
+      row_gates[experts[static_cast<size_t>(t) * k + i]].push_back(
+          gates[static_cast<size_t>(t) * k + i]);
+    }
+    for (int h = 0; h < s.num_kv_heads; ++h) {
+      layout.table(batch.seq[t], layer, h).meta[plan.slot(layer, t, h)].expert =
+          static_cast<int16_t>(experts[static_cast<size_t>(t) * k]);
+    }
+  }
+  if (observer != nullptr) {
+    observer->on_layer_routed(layer, batch, layout, nullptr, nullptr, experts.data(), gates.data(),
+                              k);
+  }
+  std::vector<int32_t> sorted_rows;
+  std::vector<float> sorted_gates;
+  std::vector<size_t> first(E + 1, 0);
+  for (int e = 0; e < E; ++e) {
+    first[e] = sorted_rows.size();
+    sorted_rows.insert(sorted_rows.end(), rows[e].begin(), rows[e].end());
+    sorted_gates.insert(sorted_gates.end(), row_gates[e].begin(), row_gates[e].end());
+  }
+  first[E] = sorted_rows.size();
+  int32_t* rows_d = scratch(expert_rows_, sorted_rows.size());
+  float* gates_sorted_d = scratch(expert_gates_, sorted_gates.size());
+  EKVA_CUDA_CHECK(cudaMemcpyAsync(rows_d, sorted_rows.data(), sorted_rows.size() * sizeof(int32_t),
+                                  cudaMemcpyHostToDevice, stream_));
+  EKVA_CUDA_CHECK(cudaMemcpyAsync(gates_sorted_d, sorted_gates.data(),
+                                  sorted_gates.size() * sizeof(float), cudaMemcpyHostToDevice,
+                                  stream_));
+  uint16_t* x_rows = scratch(rows_bf16_, sorted_rows.size() * hidden);
+  std::vector<float> host_y;
+  for (int e = 0; e < E; ++e) {
+    const int m = static_cast<int>(first[e + 1] - first[e]);
+    if (m == 0) continue;
+    gather_rows(x_bf16_.data(), rows_d + first[e], m, hidden, x_rows, stream_);
+    mlp(D.experts[e], x_rows, m, y);
+    if (observer != nullptr) {
+      host_y.resize(static_cast<size_t>(m) * hidden);
+      EKVA_CUDA_CHECK(cudaMemcpyAsync(host_y.data(), y, host_y.size() * sizeof(float),
+                                      cudaMemcpyDeviceToHost, stream_));
+      EKVA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      observer->on_expert_output(layer, e, rows[e], row_gates[e], host_y.data(), hidden);
+    }
+    if (disabled_ != std::pair<int, int>{layer, e})
+      scatter_add_rows(y, rows_d + first[e], gates_sorted_d + first[e], m, hidden, delta, stream_);
+  }
+  if (s.shared_intermediate > 0) {
+    const float* weight = nullptr;
+    if (s.shared_expert_gated) {
+      float* w = scratch(shared_weight_, n);
+      gemm_->f32(normed_.data(), n, D.shared_gate.data(), 1, hidden, w);
+      sigmoid_in_place(w, n, stream_);
+      weight = w;
+    }
+    mlp(D.shared, x_bf16_.data(), n, y);
+    scatter_add_rows(y, nullptr, weight, n, hidden, delta, stream_);
+  }
+}
+
+std::vector<float> CudaBackend::run(const StepPlan& plan, KvLayout& layout,
+                                    ForwardObserver* observer) {
+  const ForwardBatch& batch = plan.batch;
+  const DeviceModel& w = *weights_;
+  const ModelSpec& s = w.spec();
+  const int n = batch.size(), hidden = s.hidden_size;
+  const int rows = static_cast<int>(plan.logit_rows.size());
+  if (n == 0) return {};
+
+  // Step inputs: tokens, sequences, positions, slots [layer][token][kv head], logit rows.
+  std::vector<int32_t> step;
+  step.reserve(3 * static_cast<size_t>(n) + plan.slots.size() + rows);
+  step.insert(step.end(), batch.tokens.begin(), batch.tokens.end());
+  step.insert(step.end(), batch.seq.begin(), batch.seq.end());
+  step.insert(step.end(), batch.pos.begin(), batch.pos.end());
+  step.insert(step.end(), plan.slots.begin(), plan.slots.end());
+  step.insert(step.end(), plan.logit_rows.begin(), plan.logit_rows.end());
+  upload_tables(layout, step);
+  sequences_ = tokens_ + n;
+  positions_ = tokens_ + 2 * n;
+  slots_ = tokens_ + 3 * n;
+  logit_rows_ = slots_ + plan.slots.size();
+
+  const bool scoring = std::any_of(batch.score_query.begin(), batch.score_query.end(),
+                                   [](uint8_t f) { return f != 0; });
+  std::vector<uint8_t> in_batch(layout.num_sequences(), 0);  // 2: a voting token
+  bool decode = true;
+  for (int t = 0; t < n; ++t) {
+    decode = decode && in_batch[batch.seq[t]] == 0;
+    const bool votes = !batch.score_query.empty() && batch.score_query[t] != 0;
+    in_batch[batch.seq[t]] = std::max<uint8_t>(in_batch[batch.seq[t]], votes ? 2 : 1);
+  }
+  const size_t rows_in_use = static_cast<size_t>(layout.page_high_water()) * layout.page_size();
+  if (scoring) {
+    uint8_t* flags = scratch(score_query_, n);
+    EKVA_CUDA_CHECK(
+        cudaMemcpyAsync(flags, batch.score_query.data(), n, cudaMemcpyHostToDevice, stream_));
+    EKVA_CUDA_CHECK(cudaMemsetAsync(score_delta_.data(), 0, rows_in_use * sizeof(float), stream_));
+  }
+
+  float* x = scratch(x_, static_cast<size_t>(n) * hidden);
+  scratch(normed_, static_cast<size_t>(n) * hidden);
+  scratch(x_bf16_, static_cast<size_t>(n) * hidden);
+  embed_rows(w.embed().data.data(), tokens_, n, hidden, x, stream_);
+  const float eps = static_cast<float>(s.rms_eps);
+  int moe_index = 0;
+  for (int l = 0; l < s.num_layers; ++l) {
+    const DeviceLayer& D = w.layer(l);
+    rms_norm(x, n, hidden, D.attn_norm.data(), eps, nullptr, x_bf16_.data(), stream_);
+    attention_block(l, plan, decode, scoring);
+    add_in_place(x, delta_.data(), static_cast<int64_t>(n) * hidden, stream_);
+    rms_norm(x, n, hidden, D.mlp_norm.data(), eps, normed_.data(), x_bf16_.data(), stream_);
+    moe_block(l, moe_index, plan, layout, observer);
+    if (s.layer_is_moe[l]) ++moe_index;
+    add_in_place(x, delta_.data(), static_cast<int64_t>(n) * hidden, stream_);
+  }
+  rms_norm(x, n, hidden, w.final_norm().data(), eps, nullptr, x_bf16_.data(), stream_);
+  uint16_t* x_rows = scratch(rows_bf16_, static_cast<size_t>(rows) * hidden);
+  gather_rows(x_bf16_.data(), logit_rows_, rows, hidden, x_rows, stream_);
+  float* logits_d = scratch(logits_, static_cast<size_t>(rows) * s.vocab_size);
+  gemm_->bf16(x_rows, rows, w.lm_head().data.data(), s.vocab_size, hidden, logits_d);
+  std::vector<float> logits(static_cast<size_t>(rows) * s.vocab_size);
+  EKVA_CUDA_CHECK(cudaMemcpyAsync(logits.data(), logits_d, logits.size() * sizeof(float),
+                                  cudaMemcpyDeviceToHost, stream_));
+  std::vector<float> delta;
+  if (scoring) {
+    delta.resize(rows_in_use);
+    EKVA_CUDA_CHECK(cudaMemcpyAsync(delta.data(), score_delta_.data(), rows_in_use * sizeof(float),
+                                    cudaMemcpyDeviceToHost, stream_));
+  }
+  EKVA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (scoring) {
+    for (int seq = 0; seq < layout.num_sequences(); ++seq) {
+      if (in_batch[seq] != 2) continue;
+      for (int l = 0; l < s.num_layers; ++l) {
+        for (int h = 0; h < s.num_kv_heads; ++h) {
+          HeadTable& t = layout.table(seq, l, h);
+          for (int i = 0; i < t.size(); ++i) {
+            const SlotAddress a = layout.address(t, i);
+            t.meta[i].score += delta[static_cast<size_t>(a.page) * layout.page_size() + a.row];
+          }
+        }
+      }
+    }
+  }
+  return logits;
+}
+
+void CudaBackend::apply(const EvictionPlan& plan, KvLayout& layout) {
+  const std::vector<std::vector<uint8_t>> flags = select_plan_evictions(plan, layout);
+  const size_t rows_in_use = static_cast<size_t>(layout.page_high_water()) * layout.page_size();
+  std::vector<uint8_t> pool_flags(rows_in_use, 0);
+  std::vector<uint8_t> layer_touched(layout.num_layers(), 0);
+  for (size_t i = 0; i < plan.segments.size(); ++i) {
+    const SegmentEviction& segment = plan.segments[i];
+    const HeadTable& t = layout.table(plan.seq, segment.layer, segment.kv_head);
+    for (int slot = 0; slot < t.size(); ++slot) {
+      if (flags[i][slot] == 0) continue;
+      const SlotAddress a = layout.address(t, slot);
+      pool_flags[static_cast<size_t>(a.page) * layout.page_size() + a.row] = 1;
+      layer_touched[segment.layer] = 1;
+    }
+  }
+  if (std::find(layer_touched.begin(), layer_touched.end(), 1) == layer_touched.end()) return;
+  upload_tables(layout, {});
+  EKVA_CUDA_CHECK(cudaMemcpyAsync(flags_.data(), pool_flags.data(), rows_in_use,
+                                  cudaMemcpyHostToDevice, stream_));
+  for (int l = 0; l < layout.num_layers(); ++l) {
+    if (layer_touched[l] != 0)
+      evict_flagged(views_[l], flags_.data(), pool_rows_, compaction_.data(), stream_);
+  }
+  for (size_t i = 0; i < plan.segments.size(); ++i) {
+    const SegmentEviction& segment = plan.segments[i];
+    layout.evict_flagged(plan.seq, segment.layer, segment.kv_head, flags[i]);
+  }
+  EKVA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+BackendFactory cuda_backend_factory() {
+  struct Uploaded {
+    const Model* model = nullptr;
+    std::shared_ptr<const DeviceModel> weights;
+  };
+  auto uploaded = std::make_shared<Uploaded>();
+  return [uploaded](const Model& model, const KvLayout& layout) -> std::unique_ptr<Backend> {
+    if (uploaded->model != &model) {
+      uploaded->weights.reset();  // free the previous model's weights first
+      uploaded->weights =
+          std::make_shared<const DeviceModel>(model, kv_pool_device_bytes(checked(layout)));
+      uploaded->model = &model;
+    }
+    return std::make_unique<CudaBackend>(uploaded->weights, layout);
+  };
+}
+
+}  // namespace ekva::cuda

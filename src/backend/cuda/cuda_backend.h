@@ -1,0 +1,89 @@
+#pragma once
+// The CUDA backend: the whole model on the device (weights uploaded once in bf16, float32
+// activations, K/V in one bf16 page pool with the layout's page ids), checked against the CPU
+// backend. Routing and the KV policies' selection are mirrored on the host, where the layout and
+// its metadata live: a step downloads each MoE layer's routing and, when queries vote, the
+// retention scores they add; an eviction is selected on the host (select_plan_evictions) and
+// compacted on the device.
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/device_buffer.h"
+#include "backend/cuda/device_model.h"
+#include "backend/cuda/gemm.h"
+#include "backend/cuda/paged_kv.h"
+
+namespace ekva::cuda {
+
+class CudaBackend : public Backend {
+ public:
+  // Uploads the model's weights. The layout must store bf16 (the device pool's element type).
+  CudaBackend(const Model& model, const KvLayout& layout);
+  // Runs on weights already uploaded (one upload for every engine of a model).
+  CudaBackend(std::shared_ptr<const DeviceModel> weights, const KvLayout& layout);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  std::unique_ptr<Backend> clone() const override;
+  std::vector<float> run(const StepPlan& plan, KvLayout& layout,
+                         ForwardObserver* observer) override;
+  void apply(const EvictionPlan& plan, KvLayout& layout) override;
+  void disable_expert(int layer, int expert) override { disabled_ = {layer, expert}; }
+
+ private:
+  // Shares `weights` (one upload for every clone); a pool of pool_rows rows.
+  CudaBackend(std::shared_ptr<const DeviceModel> weights, int64_t pool_rows, int head_dim,
+              int num_segments);
+  // Growable device scratch of one step.
+  template <typename T>
+  T* scratch(DeviceBuffer<T>& buffer, size_t count);
+  // Uploads the step's integer inputs and every layer's block tables; sets views_.
+  void upload_tables(const KvLayout& layout, const std::vector<int32_t>& step_ints);
+  // decode: the step holds at most one token per sequence, so the decode attention kernel (one
+  // query per sequence over every retained slot) serves it.
+  void attention_block(int layer, const StepPlan& plan, bool decode, bool scoring);
+  void mlp(const DeviceMlp& mlp, const uint16_t* x, int rows, float* y);
+  void moe_block(int layer, int moe_index, const StepPlan& plan, KvLayout& layout,
+                 ForwardObserver* observer);
+
+  std::shared_ptr<const DeviceModel> weights_;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<Gemm> gemm_;
+  int64_t pool_rows_ = 0;
+  int head_dim_ = 0;
+  int num_segments_ = 0;  // sequences x KV heads of one layer
+  DeviceBuffer<uint16_t> pool_;
+  DeviceBuffer<TokenMeta> meta_;
+  DeviceBuffer<float> score_delta_;  // pool-parallel: what this step's voting queries added
+  std::vector<PagedKvLayer> views_;  // per layer, into ints_
+  // The step's integer inputs, then the tables: see upload_tables.
+  DeviceBuffer<int32_t> ints_;
+  const int32_t* tokens_ = nullptr;
+  const int32_t* sequences_ = nullptr;
+  const int32_t* positions_ = nullptr;
+  const int32_t* slots_ = nullptr;  // [layer][token][kv head]
+  const int32_t* logit_rows_ = nullptr;
+  DeviceBuffer<uint8_t> score_query_, flags_, compaction_;
+  DeviceBuffer<float> x_, normed_, q_, k_, v_, delta_, gate_up_, y_, router_logits_, gates_,
+      shared_weight_, logits_;
+  DeviceBuffer<uint16_t> x_bf16_, attn_bf16_, rows_bf16_, hidden_bf16_;
+  DeviceBuffer<uint16_t> decode_q_, decode_out_;  // [sequences, query heads, head_dim]
+  DeviceBuffer<uint8_t> decode_workspace_;
+  DeviceBuffer<int32_t> experts_, expert_rows_;
+  DeviceBuffer<float> expert_gates_;
+  std::pair<int, int> disabled_{-1, -1};
+};
+
+// The factory an EngineOptions takes to run on the GPU. Its engines share one upload of a model's
+// weights, made by the first of them.
+BackendFactory cuda_backend_factory();
+
+// Bytes of device memory a layout's KV pool takes (K/V, metadata and the per-slot scratch).
+size_t kv_pool_device_bytes(const KvLayout& layout);
+
+}  // namespace ekva::cuda

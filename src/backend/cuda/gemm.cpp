@@ -1,0 +1,44 @@
+#include "backend/cuda/gemm.h"
+
+#include "core/error.h"
+
+namespace ekva::cuda {
+namespace {
+
+void check_cublas(cublasStatus_t status, const char* call) {
+  if (status == CUBLAS_STATUS_SUCCESS) return;
+  fail(status == CUBLAS_STATUS_ALLOC_FAILED ? ErrorKind::kOutOfMemory : ErrorKind::kIo,
+       "cuBLAS: {} failed: {}", call, cublasGetStatusString(status));
+}
+
+}  // namespace
+
+Gemm::Gemm(cudaStream_t stream) {
+  check_cublas(cublasCreate(&handle_), "cublasCreate");
+  check_cublas(cublasSetStream(handle_, stream), "cublasSetStream");
+}
+
+Gemm::~Gemm() {
+  cublasDestroy(handle_);
+}
+
+// cuBLAS is column-major: the row-major y [n, out] is the column-major yᵀ [out, n] = W·xᵀ, where
+// the row-major W [out, in] is the column-major Wᵀ and x [n, in] the column-major xᵀ.
+void Gemm::bf16(const uint16_t* x, int n, const uint16_t* w, int out, int in, float* y) {
+  if (n == 0) return;
+  const float one = 1.0f, zero = 0.0f;
+  check_cublas(cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, w, CUDA_R_16BF, in,
+                            x, CUDA_R_16BF, in, &zero, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F,
+                            CUBLAS_GEMM_DEFAULT),
+               "cublasGemmEx (bf16)");
+}
+
+void Gemm::f32(const float* x, int n, const float* w, int out, int in, float* y) {
+  if (n == 0) return;
+  const float one = 1.0f, zero = 0.0f;
+  check_cublas(
+      cublasSgemm(handle_, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, w, in, x, in, &zero, y, out),
+      "cublasSgemm");
+}
+
+}  // namespace ekva::cuda

@@ -1,0 +1,27 @@
+#pragma once
+// Dense products through cuBLAS: y[n, out] = x[n, in] · Wᵀ for a row-major weight W [out, in], as
+// cpu::linear computes them. Internal to src/backend/cuda.
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace ekva::cuda {
+
+class Gemm {
+ public:
+  explicit Gemm(cudaStream_t stream);
+  ~Gemm();
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
+
+  // bf16 x and W, float32 accumulation and y.
+  void bf16(const uint16_t* x, int n, const uint16_t* w, int out, int in, float* y);
+  // float32 throughout (the router, whose top-k must agree with the CPU's).
+  void f32(const float* x, int n, const float* w, int out, int in, float* y);
+
+ private:
+  cublasHandle_t handle_ = nullptr;
+};
+
+}  // namespace ekva::cuda

@@ -1,0 +1,318 @@
+// The model's element-wise, normalisation, rotary, routing and expert-row operators on the device.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cstdint>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_common.cuh"
+#include "backend/cuda/model_ops.h"
+
+namespace ekva::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+int grid_for(int64_t work) {
+  return static_cast<int>(std::clamp<int64_t>((work + kThreads - 1) / kThreads, 1, 65535));
+}
+
+// Grid-stride loop over [0, count).
+#define EKVA_FOR_EACH(i, count)                                                              \
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (count); \
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+
+__global__ void embed_rows_kernel(const uint16_t* table, const int32_t* tokens, int n, int hidden,
+                                  float* x) {
+  EKVA_FOR_EACH(i, static_cast<int64_t>(n) * hidden) {
+    const int64_t t = i / hidden;
+    x[i] = bf16_bits_to_float(table[static_cast<int64_t>(tokens[t]) * hidden + i % hidden]);
+  }
+}
+
+// One CTA per row. The sum of squares in double, as the CPU reference takes it.
+__global__ void rms_norm_kernel(const float* x, int dim, const float* weight, float eps,
+                                float* out_f32, uint16_t* out_bf16) {
+  __shared__ double partial[kThreads / 32];
+  const float* row = x + static_cast<int64_t>(blockIdx.x) * dim;
+  double ss = 0.0;
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += static_cast<double>(row[i]) * row[i];
+  for (int offset = 16; offset > 0; offset /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, offset);
+  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = ss;
+  __syncthreads();
+  double total = 0.0;
+  for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) total += partial[w];
+  const float inv = static_cast<float>(1.0 / sqrt(total / dim + static_cast<double>(eps)));
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+    const float y = __fmul_rn(__fmul_rn(row[i], inv), weight[i]);
+    const int64_t at = static_cast<int64_t>(blockIdx.x) * dim + i;
+    if (out_f32 != nullptr) out_f32[at] = y;
+    if (out_bf16 != nullptr) out_bf16[at] = to_bf16_bits(y);
+  }
+}
+
+__global__ void add_bias_kernel(float* y, const float* bias, int rows, int cols) {
+  EKVA_FOR_EACH(i, static_cast<int64_t>(rows) * cols) y[i] += bias[i % cols];
+}
+
+__global__ void add_in_place_kernel(float* x, const float* delta, int64_t count) {
+  EKVA_FOR_EACH(i, count) x[i] += delta[i];
+}
+
+__global__ void clamp_kernel(float* x, int64_t count, float limit) {
+  EKVA_FOR_EACH(i, count) x[i] = fminf(fmaxf(x[i], -limit), limit);
+}
+
+__global__ void to_bf16_kernel(const float* x, int64_t count, uint16_t* out) {
+  EKVA_FOR_EACH(i, count) out[i] = to_bf16_bits(x[i]);
+}
+
+// One thread per (row, head, rotary pair).
+__global__ void rope_kernel(float* x, int n, int num_heads, int head_dim, const int32_t* positions,
+                            const float* inv_freq, float attention_factor) {
+  const int half = head_dim / 2;
+  EKVA_FOR_EACH(i, static_cast<int64_t>(n) * num_heads * half) {
+    const int pair = static_cast<int>(i % half);
+    const int64_t row_head = i / half;
+    const int t = static_cast<int>(row_head / num_heads);
+    float* v = x + row_head * head_dim;
+    const float2 r = rope_rotate(v[pair], v[pair + half],
+                                 rope_cos_sin(positions[t], inv_freq[pair], attention_factor));
+    v[pair] = r.x;
+    v[pair + half] = r.y;
+  }
+}
+
+// One warp per token. The probabilities as Router::route forms them (max, exp, sum, divide), then
+// top_k rounds of a warp arg-max with ties to the lower id.
+constexpr int kMaxExpertsPerLane = 8;  // 256 experts
+__global__ void route_kernel(const float* logits, int n, int num_experts, int top_k,
+                             bool renormalise, int32_t* experts, float* gates) {
+  const int lane = threadIdx.x % 32;
+  const int token = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  if (token >= n) return;
+  const float* l = logits + static_cast<int64_t>(token) * num_experts;
+  float p[kMaxExpertsPerLane];
+  float mx = -FLT_MAX;
+#pragma unroll
+  for (int j = 0; j < kMaxExpertsPerLane; ++j) {
+    const int e = lane + 32 * j;
+    p[j] = e < num_experts ? l[e] : -FLT_MAX;
+    mx = fmaxf(mx, p[j]);
+  }
+  for (int offset = 16; offset > 0; offset /= 2)
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, offset));
+  float sum = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kMaxExpertsPerLane; ++j) {
+    p[j] = lane + 32 * j < num_experts ? expf(p[j] - mx) : 0.0f;
+    sum += p[j];
+  }
+  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+#pragma unroll
+  for (int j = 0; j < kMaxExpertsPerLane; ++j)
+    p[j] = lane + 32 * j < num_experts ? p[j] / sum : -1.0f;
+
+  float top_sum = 0.0f;
+  float chosen_p = 0.0f;  // lane i < top_k keeps the i-th pick
+  int chosen_e = 0;
+  for (int k = 0; k < top_k; ++k) {
+    float best = -1.0f;
+    int best_e = num_experts;
+#pragma unroll
+    for (int j = 0; j < kMaxExpertsPerLane; ++j) {
+      const int e = lane + 32 * j;
+      if (p[j] > best) {  // ascending e within a lane: ties keep the lower id
+        best = p[j];
+        best_e = e;
+      }
+    }
+    for (int offset = 16; offset > 0; offset /= 2) {
+      const float other = __shfl_xor_sync(0xffffffffu, best, offset);
+      const int other_e = __shfl_xor_sync(0xffffffffu, best_e, offset);
+      if (other > best || (other == best && other_e < best_e)) {
+        best = other;
+        best_e = other_e;
+      }
+    }
+    if (lane == k) {
+      chosen_p = best;
+      chosen_e = best_e;
+    }
+    top_sum += best;
+    if (best_e % 32 == lane) p[best_e / 32] = -1.0f;
+  }
+  if (lane < top_k) {
+    experts[static_cast<int64_t>(token) * top_k + lane] = chosen_e;
+    gates[static_cast<int64_t>(token) * top_k + lane] = renormalise ? chosen_p / top_sum : chosen_p;
+  }
+}
+
+__global__ void scatter_rows_bf16_kernel(const float* x, const int32_t* rows, int count, int cols,
+                                         uint16_t* out) {
+  EKVA_FOR_EACH(i, static_cast<int64_t>(count) * cols) {
+    out[static_cast<int64_t>(rows[i / cols]) * cols + i % cols] = to_bf16_bits(x[i]);
+  }
+}
+
+__global__ void gather_rows_kernel(const uint16_t* x, const int32_t* rows, int count, int cols,
+                                   uint16_t* out) {
+  EKVA_FOR_EACH(i, static_cast<int64_t>(count) * cols) {
+    out[i] = x[static_cast<int64_t>(rows[i / cols]) * cols + i % cols];
+  }
+}
+
+// As cpu::silu_mul: gate / (1 + exp(-gate)) * up.
+__global__ void silu_mul_kernel(const float* gate_up, int rows, int inter, uint16_t* out) {
+  EKVA_FOR_EACH(i, static_cast<int64_t>(rows) * inter) {
+    const int64_t r = i / inter;
+    const float g = gate_up[r * 2 * inter + i % inter];
+    const float u = gate_up[r * 2 * inter + inter + i % inter];
+    out[i] = to_bf16_bits(g / (1.0f + expf(-g)) * u);
+  }
+}
+
+__global__ void scatter_add_rows_kernel(const float* y, const int32_t* rows, const float* weights,
+                                        int count, int cols, float* out) {
+  EKVA_FOR_EACH(i, static_cast<int64_t>(count) * cols) {
+    const int64_t r = i / cols;
+    const int64_t dst = rows != nullptr ? rows[r] : r;
+    const float w = weights != nullptr ? weights[r] : 1.0f;
+    out[dst * cols + i % cols] += w * y[i];
+  }
+}
+
+__global__ void sigmoid_kernel(float* x, int count) {
+  EKVA_FOR_EACH(i, count) x[i] = 1.0f / (1.0f + expf(-x[i]));
+}
+
+// splitmix64 of (seed, index), as a uniform in [-1, 1).
+__device__ __forceinline__ float uniform_pm1(uint64_t seed, int64_t index) {
+  uint64_t z = seed + static_cast<uint64_t>(index) * 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return static_cast<float>(z >> 40) * (2.0f / 16777216.0f) - 1.0f;
+}
+
+// Uniform on [-a, a] has standard deviation a / sqrt(3).
+__global__ void fill_random_bf16_kernel(uint16_t* x, int64_t count, uint64_t seed, float a) {
+  EKVA_FOR_EACH(i, count) x[i] = to_bf16_bits(a * uniform_pm1(seed, i));
+}
+__global__ void fill_random_f32_kernel(float* x, int64_t count, uint64_t seed, float a) {
+  EKVA_FOR_EACH(i, count) x[i] = a * uniform_pm1(seed, i);
+}
+__global__ void fill_constant_kernel(float* x, int64_t count, float value) {
+  EKVA_FOR_EACH(i, count) x[i] = value;
+}
+
+#undef EKVA_FOR_EACH
+
+}  // namespace
+
+void embed_rows(const uint16_t* table, const int32_t* tokens, int n, int hidden, float* x,
+                cudaStream_t stream) {
+  embed_rows_kernel<<<grid_for(static_cast<int64_t>(n) * hidden), kThreads, 0, stream>>>(
+      table, tokens, n, hidden, x);
+  EKVA_CUDA_CHECK(cudaGetLastError());
+}
+
+void rms_norm(const float* x, int rows, int dim, const float* weight, float eps, float* out_f32,
+              uint16_t* out_bf16, cudaStream_t stream) {
+  if (rows == 0) return;
+  const int threads = std::min(kThreads, std::max(32, (dim + 31) / 32 * 32));
+  rms_norm_kernel<<<rows, threads, 0, stream>>>(x, dim, weight, eps, out_f32, out_bf16);
+  EKVA_CUDA_CHECK(cudaGetLastError());
+}
+
+void add_bias(float* y, const float* bias, int rows, int cols, cudaStream_t stream) {
+  add_bias_kernel<<<grid_for(static_cast<int64_t>(rows) * cols), kThreads, 0, stream>>>(y, bias,
+                                                                                        rows, cols);
+  EKVA_CUDA_CHECK(cudaGetLastError());
+}
+
+void add_in_place(float* x, const float* delta, int64_t count, cudaStream_t stream) {
+  add_in_place_kernel<<<grid_for(count), kThreads, 0, stream>>>(x, delta, count);
+  EKVA_CUDA_CHECK(cudaGetLastError());
+}
+
+void clamp_in_place(float* x, int64_t count, float limit, cudaStream_t stream) {
+  clamp_kernel<<<grid_for(count), kThreads, 0, stream>>>(x, count, limit);
+  EKVA_CUDA_CHECK(cudaGetLastError());
+}
+
+void to_bf16(const float* x, int64_t count, uint16_t* out, cudaStream_t stream) {
+  to_bf16_kernel<<<grid_for(count), kThreads, 0, stream>>>(x, count, out);
+  EKVA_CUDA_CHECK(cudaGetLastError());
+}
+
+void apply_rope(float* x, int n, int num_heads, int head_dim, const int32_t* positions,
+                const float* inv_freq, float attention_factor, cudaStream_t stream) {
+  rope_kernel<<<grid_for(static_cast<int64_t>(n) * num_heads * head_dim / 2), kThreads, 0,
+                stream>>>(x, n, num_heads, head_dim, positions, inv_freq, attention_factor);
+  EKVA_CUDA_CHECK(cudaGetLastError());
+}
+
+void route_tokens(const float* logits, int n, int num_experts, int top_k, bool renormalise,
+                  int32_t* experts, float* gates, cudaStream_t stream) {
+  if (num_experts > 32 * kMaxExpertsPerLane || top_k > 32) {
+    EKVA_CUDA_CHECK(cudaErrorInvalidValue);
+  }
+  constexpr int kWarps = kThreads / 32;
+  route_kernel<<<(n + kWarps - 1) / kWarps, kThreads, 0, stream>>>(logits, n, num_experts, top_k,
+                                                                   renormalise, experts, gates);
+  EKVA_CUDA_CHECK(cudaGetLastError());
+}
+
+void scatter_rows_bf16(const float* x, const int32_t* rows, int count, int cols, uint16_t* out,
+                       cudaStream_t stream) {
+  scatter_rows_bf16_kernel<<<grid_for(static_cast<int64_t>(count) * cols), kThreads, 0, stream>>>(
+      x, rows, count, cols, out);
+  EKVA_CUDA_CHECK(cudaGetLastError());
+}
+
+void gather_rows(const uint16_t* x, const int32_t* rows, int count, int cols, uint16_t* out,
+                 cudaStream_t stream) {
+  gather_rows_kernel<<<grid_for(static_cast<int64_t>(count) * cols), kThreads, 0, stream>>>(
+      x, rows, count, cols, out);
+  EKVA_CUDA_CHECK(cudaGetLastError());
+}
+
+void silu_mul(const float* gate_up, int rows, int inter, uint16_t* out, cudaStream_t stream) {
+  silu_mul_kernel<<<grid_for(static_cast<int64_t>(rows) * inter), kThreads, 0, stream>>>(
+      gate_up, rows, inter, out);
+  EKVA_CUDA_CHECK(cudaGetLastError());
+}
+
+void scatter_add_rows(const float* y, const int32_t* rows, const float* weights, int count,
+                      int cols, float* out, cudaStream_t stream) {
+  scatter_add_rows_kernel<<<grid_for(static_cast<int64_t>(count) * cols), kThreads, 0, stream>>>(
+      y, rows, weights, count, cols, out);
+  EKVA_CUDA_CHECK(cudaGetLastError());
+}
+
+void fill_random_bf16(uint16_t* x, int64_t count, uint64_t seed, float stddev,
+                      cudaStream_t stream) {
+  fill_random_bf16_kernel<<<grid_for(count), kThreads, 0, stream>>>(x, count, seed,
+                                                                    stddev * 1.7320508f);
+  EKVA_CUDA_CHECK(cudaGetLastError());
+}
+
+void fill_random_f32(float* x, int64_t count, uint64_t seed, float stddev, cudaStream_t stream) {
+  fill_random_f32_kernel<<<grid_for(count), kThreads, 0, stream>>>(x, count, seed,
+                                                                   stddev * 1.7320508f);
+  EKVA_CUDA_CHECK(cudaGetLastError());
+}
+
+void fill_constant(float* x, int64_t count, float value, cudaStream_t stream) {
+  fill_constant_kernel<<<grid_for(count), kThreads, 0, stream>>>(x, count, value);
+  EKVA_CUDA_CHECK(cudaGetLastError());
+}
+
+void sigmoid_in_place(float* x, int count, cudaStream_t stream) {
+  sigmoid_kernel<<<grid_for(count), kThreads, 0, stream>>>(x, count);
+  EKVA_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace ekva::cuda

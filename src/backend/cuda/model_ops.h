@@ -1,0 +1,79 @@
+#pragma once
+// The model's operators on the device, as the CUDA backend calls them: float32 activations, bf16
+// GEMM inputs and weights, each operator the device twin of its CPU reference in src/backend/cpu
+// (same order of operations, so that the backends differ by rounding alone). Stream-ordered; every
+// launch is checked. Internal to src/backend/cuda.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "backend/cuda/paged_kv.h"
+
+namespace ekva::cuda {
+
+// x[t] = embedding row tokens[t] (bf16 table [vocab, hidden]) as float32.
+void embed_rows(const uint16_t* table, const int32_t* tokens, int n, int hidden, float* x,
+                cudaStream_t stream);
+
+// As cpu::rms_norm over `rows` rows of `dim`: out = x / rms(x) * weight. Either output may be null;
+// out_f32 may be x itself.
+void rms_norm(const float* x, int rows, int dim, const float* weight, float eps, float* out_f32,
+              uint16_t* out_bf16, cudaStream_t stream);
+
+// y[r, c] += bias[c] over rows x cols.
+void add_bias(float* y, const float* bias, int rows, int cols, cudaStream_t stream);
+// x[i] += delta[i].
+void add_in_place(float* x, const float* delta, int64_t count, cudaStream_t stream);
+// x[i] = clamp(x[i], -limit, limit).
+void clamp_in_place(float* x, int64_t count, float limit, cudaStream_t stream);
+// out[i] = bf16(x[i]).
+void to_bf16(const float* x, int64_t count, uint16_t* out, cudaStream_t stream);
+
+// cpu::Rope::apply on the device: rotate-half RoPE of n rows of num_heads heads at positions[t].
+void apply_rope(float* x, int n, int num_heads, int head_dim, const int32_t* positions,
+                const float* inv_freq, float attention_factor, cudaStream_t stream);
+
+// Router::route per token: softmax over num_experts logits, the top_k best (ties to the lower id),
+// gates renormalised over the top_k when asked. experts and gates: [n, top_k], best first.
+void route_tokens(const float* logits, int n, int num_experts, int top_k, bool renormalise,
+                  int32_t* experts, float* gates, cudaStream_t stream);
+
+// cpu::attention for one layer: each token's query heads over the retained slots of its
+// (sequence, KV head) whose position is at most the token's, softmax scale 1/sqrt(head_dim).
+// q: [n, num_q_heads, head_dim] float32; out: the same shape in bf16 (the O projection's input).
+// When score_delta is set, the probabilities of the tokens score_query flags, summed over each KV
+// head's query heads, are added to the pool-parallel score_delta.
+struct PagedAttention {
+  const float* q = nullptr;
+  const int32_t* sequences = nullptr;  // [n]
+  const int32_t* positions = nullptr;  // [n]
+  const uint8_t* score_query = nullptr;
+  float* score_delta = nullptr;
+  uint16_t* out = nullptr;
+  int n = 0;
+  int num_q_heads = 0;
+};
+void paged_attention(const PagedKvLayer& kv, const PagedAttention& attention, cudaStream_t stream);
+
+// Row rows[i] of out = bf16(row i of x), x float32 [count, cols].
+void scatter_rows_bf16(const float* x, const int32_t* rows, int count, int cols, uint16_t* out,
+                       cudaStream_t stream);
+// out[i] = bf16(rows[i] of x), x bf16 [?, cols].
+void gather_rows(const uint16_t* x, const int32_t* rows, int count, int cols, uint16_t* out,
+                 cudaStream_t stream);
+// out[r, c] = bf16(silu(gate_up[r, c]) * gate_up[r, inter + c]) over rows x inter: the SwiGLU of
+// a fused [gate; up] product.
+void silu_mul(const float* gate_up, int rows, int inter, uint16_t* out, cudaStream_t stream);
+// out[rows[i]] += weights[i] * y[i] (rows distinct), y [count, cols]; rows null: row i itself;
+// weights null: 1.
+void scatter_add_rows(const float* y, const int32_t* rows, const float* weights, int count,
+                      int cols, float* out, cudaStream_t stream);
+// Seeded random weights: uniform with the given standard deviation, a function of (seed, index).
+void fill_random_bf16(uint16_t* x, int64_t count, uint64_t seed, float stddev, cudaStream_t stream);
+void fill_random_f32(float* x, int64_t count, uint64_t seed, float stddev, cudaStream_t stream);
+void fill_constant(float* x, int64_t count, float value, cudaStream_t stream);
+
+// x[i] = 1 / (1 + exp(-x[i])).
+void sigmoid_in_place(float* x, int count, cudaStream_t stream);
+
+}  // namespace ekva::cuda
