@@ -59,7 +59,6 @@ class CompletionText {
   bool add(int32_t token);
   // The text not taken yet that can be sent: all of it once `finished`.
   std::string take_ready(bool finished);
-  const std::string& text() const { return text_; }
 
  private:
   const Tokenizer* tokenizer_;

@@ -76,7 +76,6 @@ class Scheduler {
   // Reads only constants, so any thread may call it.
   int64_t pages_to_admit(int prompt_len, int max_tokens) const;
   int64_t capacity_pages() const { return capacity_pages_; }
-  const ModelSpec& spec() const { return engine_.model().spec(); }
 
   // Checks the request (kInvalidArgument; kOutOfMemory when it could never be admitted) and
   // queues it. Returns its id.
@@ -90,10 +89,11 @@ class Scheduler {
   // then decode every sequence that has a token to decode, in one engine step.
   void step();
   SchedulerStats stats() const;
-  const Engine& engine() const { return engine_; }
 
  private:
   struct Active;
+
+  const ModelSpec& spec() const { return engine_.model().spec(); }
 
   void admit();
   bool prefill_next();
