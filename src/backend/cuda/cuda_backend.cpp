@@ -231,10 +231,14 @@ void CudaBackend::moe_block(int layer, int moe_index, const StepPlan& plan, KvLa
   int32_t* experts_d = experts_.data() + moe_index * pairs;
   float* gates_d = gates_.data() + moe_index * pairs;
   route_tokens(logits, n, E, k, s.norm_topk_prob, experts_d, gates_d, stream_);
-  // The grouped GEMV multiplies on CUDA cores: it wins while experts see few tokens each (no host
-  // round trip per layer); with more, cuBLAS's tensor-core products over host-sorted rows do.
-  const bool few_per_expert = n <= kMaxGroupedTokens && pairs <= 2 * static_cast<size_t>(E);
-  if (observer == nullptr && few_per_expert && grouped_gemv_supported(hidden, E) &&
+  // The grouped GEMV multiplies on CUDA cores but needs no host round trip and no launch per
+  // expert: it wins while experts see few tokens each, and with fine-grained experts (dozens of
+  // small products per layer otherwise). With many tokens per coarse expert, cuBLAS's tensor-core
+  // products over host-sorted rows win (ekva bench on the H200: docs/BENCHMARKS.md).
+  constexpr int kFineGrainedExperts = 32;
+  const bool grouped =
+      n <= kMaxGroupedTokens && (pairs <= 2 * static_cast<size_t>(E) || E >= kFineGrainedExperts);
+  if (observer == nullptr && grouped && grouped_gemv_supported(hidden, E) &&
       grouped_gemv_supported(s.expert_intermediate, E)) {
     grouped_experts(layer, n, experts_d, gates_d, y, delta);
     routed_on_device_.emplace_back(layer, moe_index);
