@@ -67,11 +67,14 @@ CudaBackend::~CudaBackend() {
 std::unique_ptr<Backend> CudaBackend::clone() const {
   std::unique_ptr<CudaBackend> copy(
       new CudaBackend(weights_, pool_rows_, head_dim_, num_segments_));
-  EKVA_CUDA_CHECK(cudaMemcpyAsync(copy->pool_.data(), pool_.data(), pool_.bytes(),
-                                  cudaMemcpyDeviceToDevice, stream_));
-  EKVA_CUDA_CHECK(cudaMemcpyAsync(copy->meta_.data(), meta_.data(), meta_.bytes(),
-                                  cudaMemcpyDeviceToDevice, stream_));
+  // On the copy's stream, after the zeroing its constructor queued there, and once this backend's
+  // own work is done.
   EKVA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  EKVA_CUDA_CHECK(cudaMemcpyAsync(copy->pool_.data(), pool_.data(), pool_.bytes(),
+                                  cudaMemcpyDeviceToDevice, copy->stream_));
+  EKVA_CUDA_CHECK(cudaMemcpyAsync(copy->meta_.data(), meta_.data(), meta_.bytes(),
+                                  cudaMemcpyDeviceToDevice, copy->stream_));
+  EKVA_CUDA_CHECK(cudaStreamSynchronize(copy->stream_));
   copy->disabled_ = disabled_;
   return copy;
 }

@@ -186,6 +186,20 @@ TEST_F(CudaEngineTest, GroupedExpertsMatchTheHostRoutedPath) {
   }
 }
 
+// A clone of a prefilled engine (eval compares policies on one prefill) continues exactly as the
+// original. The pool is large (about 1 GB), so that its zeroing in the clone's constructor takes
+// as long as the copy: were they not ordered, the copy would come out partly zeroed.
+TEST_F(CudaEngineTest, CloneKeepsThePrefilledCache) {
+  EngineOptions options = gpu_options();
+  options.kv_capacity_pages = int64_t{1} << 19;
+  Engine original(*model_, options);
+  original.prefill(0, prompt(200, 41));
+  Engine copy = original;
+  const std::vector<float> want = original.decode(0, 5);
+  const std::vector<float> got = copy.decode(0, 5);
+  EXPECT_EQ(got, want);
+}
+
 // Each (layer, KV head)'s retained positions, sequence 0.
 std::vector<std::vector<int32_t>> retained(const KvLayout& layout) {
   std::vector<std::vector<int32_t>> out;
