@@ -22,6 +22,7 @@
 #include "kv/budget_plan.h"
 #include "roofline/hardware.h"
 #include "roofline/measured.h"
+#include "serve/completion.h"
 #include "tokenizer/tokenizer.h"
 
 namespace ekva::fuzz {
@@ -127,6 +128,17 @@ inline void measured_times(std::string_view input) {
   load_measured_times(input_file(input, "measured.json"));
 }
 
+// A POST /v1/completions body, checked against the embedded model and its tokenizer as the
+// server checks it.
+inline void completion_request(std::string_view input) {
+  static const std::filesystem::path dir =
+      std::filesystem::path(EKVA_FIXTURES) / ".." / ".." / "models" / "ekva-moe-8m";
+  static const ModelSpec spec =
+      parse_model_config(read_json_file(dir / "config.json"), "config.json");
+  static const std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(dir);
+  serve::parse_completion_request(input, {&spec, tokenizer.get(), "ekva-moe-8m"});
+}
+
 using Target = void (*)(std::string_view);
 
 // Every target by name (fuzz/CMakeLists.txt builds fuzz_NAME from NAME.cpp).
@@ -141,6 +153,7 @@ inline const std::map<std::string, Target>& targets() {
       {"calibration_stats", calibration_stats},
       {"hardware", hardware},
       {"measured_times", measured_times},
+      {"completion_request", completion_request},
   };
   return all;
 }

@@ -7,7 +7,7 @@ packages=(
   build-essential cmake ninja-build pkg-config clang-format
   clang-16 libclang-rt-16-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  nlohmann-json3-dev libcli11-dev libfmt-dev
+  nlohmann-json3-dev libcli11-dev libfmt-dev libcpp-httplib-dev
   libopenblas-dev libomp-dev
   libsentencepiece-dev sentencepiece libpcre2-dev libicu-dev
 )

@@ -20,5 +20,7 @@ void add_plan(CLI::App& app, Action& action);
 void add_eval(CLI::App& app, Action& action);
 void add_demo(CLI::App& app, Action& action);
 void add_bench(CLI::App& app, Action& action);
+void add_serve(CLI::App& app, Action& action);
+void add_loadgen(CLI::App& app, Action& action);
 
 }  // namespace ekva::cli

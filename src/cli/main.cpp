@@ -35,6 +35,8 @@ int main(int argc, char** argv) {
   ekva::cli::add_eval(app, action);
   ekva::cli::add_demo(app, action);
   ekva::cli::add_bench(app, action);
+  ekva::cli::add_serve(app, action);
+  ekva::cli::add_loadgen(app, action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

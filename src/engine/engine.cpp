@@ -54,6 +54,7 @@ Engine::Engine(const Model& model, const EngineOptions& options,
       layout_(model.spec(), options.num_sequences, options.kv, options.kv_capacity_pages),
       backend_(options.backend ? options.backend(model, layout_)
                                : std::make_unique<cpu::CpuBackend>(model, layout_)),
+      policies_(options.num_sequences),
       prompts_(options.num_sequences) {
   if (policy) set_policy(*policy);
 }
@@ -62,11 +63,27 @@ Engine::Engine(const Engine& other)
     : model_(other.model_),
       layout_(other.layout_),
       backend_(other.backend_->clone()),
-      policy_(other.policy_),
+      policies_(other.policies_),
       prompts_(other.prompts_) {}
 
+void Engine::check_sequence(const char* what, int seq) const {
+  if (seq < 0 || seq >= layout_.num_sequences()) {
+    fail(ErrorKind::kInvalidArgument, "{}: sequence {} of {}", what, seq, layout_.num_sequences());
+  }
+}
+
+const KvPolicy* Engine::policy(int seq) const {
+  check_sequence("policy", seq);
+  return policies_[seq] ? &*policies_[seq] : nullptr;
+}
+
 void Engine::set_policy(const PolicyOptions& options) {
-  policy_.emplace(options, model_->spec());
+  for (int seq = 0; seq < layout_.num_sequences(); ++seq) set_policy(seq, options);
+}
+
+void Engine::set_policy(int seq, const PolicyOptions& options) {
+  check_sequence("set_policy", seq);
+  policies_[seq].emplace(options, model_->spec());
 }
 
 std::vector<float> Engine::step(const ForwardBatch& batch, ForwardObserver* observer) {
@@ -85,27 +102,54 @@ std::vector<float> Engine::step(const ForwardBatch& batch, ForwardObserver* obse
   return logits;
 }
 
-std::vector<float> Engine::prefill(int seq, std::span<const int32_t> tokens, bool all_logits,
-                                   ForwardObserver* observer) {
-  if (tokens.empty()) fail(ErrorKind::kInvalidArgument, "prefill: no tokens");
-  if (seq < 0 || seq >= layout_.num_sequences()) {
-    fail(ErrorKind::kInvalidArgument, "prefill: sequence {} of {}", seq, layout_.num_sequences());
-  }
+std::vector<float> Engine::prefill_batch(int seq, std::span<const int32_t> tokens, bool all_logits,
+                                         ForwardObserver* observer,
+                                         std::vector<uint8_t> score_query) {
   ForwardBatch batch;
   const int32_t start = layout_.next_position(seq);
   for (size_t i = 0; i < tokens.size(); ++i)
     batch.add(tokens[i], seq, start + static_cast<int32_t>(i));
   if (!all_logits) batch.logit_rows = {batch.size() - 1};
-  if (policy_) batch.score_query = policy_->prefill_score_queries(batch.size());
+  batch.score_query = std::move(score_query);
   PromptRouting& prompt = prompts_.at(seq);
   prompt.tokens.insert(prompt.tokens.end(), tokens.begin(), tokens.end());
   PromptRecorder recorder(prompt, model_->spec(), observer);
   return step(batch, &recorder);
 }
 
+std::vector<float> Engine::prefill(int seq, std::span<const int32_t> tokens, bool all_logits,
+                                   ForwardObserver* observer) {
+  if (tokens.empty()) fail(ErrorKind::kInvalidArgument, "prefill: no tokens");
+  check_sequence("prefill", seq);
+  const KvPolicy* p = policy(seq);
+  std::vector<uint8_t> score_query;
+  if (p != nullptr) score_query = p->prefill_score_queries(static_cast<int>(tokens.size()));
+  return prefill_batch(seq, tokens, all_logits, observer, std::move(score_query));
+}
+
+std::vector<float> Engine::prefill_chunk(int seq, std::span<const int32_t> tokens, int prompt_len) {
+  if (tokens.empty()) fail(ErrorKind::kInvalidArgument, "prefill: no tokens");
+  check_sequence("prefill", seq);
+  const int32_t start = layout_.next_position(seq);
+  if (start + static_cast<int64_t>(tokens.size()) > prompt_len) {
+    fail(ErrorKind::kInvalidArgument,
+         "prefill: a chunk of {} tokens from position {} runs past the prompt's {}", tokens.size(),
+         start, prompt_len);
+  }
+  const KvPolicy* p = policy(seq);
+  std::vector<uint8_t> score_query;
+  if (p != nullptr) {
+    const std::vector<uint8_t> prompt_queries = p->prefill_score_queries(prompt_len);
+    score_query.assign(prompt_queries.begin() + start,
+                       prompt_queries.begin() + start + static_cast<ptrdiff_t>(tokens.size()));
+  }
+  return prefill_batch(seq, tokens, false, nullptr, std::move(score_query));
+}
+
 void Engine::compress(int seq, int prompt_len) {
-  if (policy_) {
-    backend_->apply(policy_->compress(layout_, seq, prompt_len, prompts_.at(seq)), layout_);
+  check_sequence("compress", seq);
+  if (policies_[seq]) {
+    backend_->apply(policies_[seq]->compress(layout_, seq, prompt_len, prompts_.at(seq)), layout_);
   }
 }
 
@@ -115,12 +159,54 @@ void Engine::clear(int seq) {
 }
 
 std::vector<float> Engine::decode(int seq, int32_t token) {
+  return decode(std::span<const int>(&seq, 1), std::span<const int32_t>(&token, 1));
+}
+
+std::vector<float> Engine::decode(std::span<const int> seqs, std::span<const int32_t> tokens) {
+  if (seqs.size() != tokens.size()) {
+    fail(ErrorKind::kInvalidArgument, "decode: {} sequences but {} tokens", seqs.size(),
+         tokens.size());
+  }
   ForwardBatch batch;
-  batch.add(token, seq, layout_.next_position(seq));
-  if (policy_) batch.score_query = {static_cast<uint8_t>(policy_->scores_decode())};
+  bool scores = false;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    check_sequence("decode", seqs[i]);
+    if (std::find(seqs.begin(), seqs.begin() + static_cast<ptrdiff_t>(i), seqs[i]) !=
+        seqs.begin() + static_cast<ptrdiff_t>(i)) {
+      fail(ErrorKind::kInvalidArgument, "decode: sequence {} appears twice", seqs[i]);
+    }
+    batch.add(tokens[i], seqs[i], layout_.next_position(seqs[i]));
+    const KvPolicy* p = policy(seqs[i]);
+    const bool scored = p != nullptr && p->scores_decode();
+    batch.score_query.push_back(static_cast<uint8_t>(scored));
+    scores = scores || scored;
+  }
+  if (!scores) batch.score_query.clear();
   std::vector<float> logits = step(batch);
-  if (policy_) backend_->apply(policy_->evict(layout_, seq), layout_);
+  for (const int seq : seqs) {
+    if (policies_[seq]) backend_->apply(policies_[seq]->evict(layout_, seq), layout_);
+  }
   return logits;
+}
+
+int64_t Engine::pages_bound(int seq, int decode_steps) const {
+  check_sequence("pages_bound", seq);
+  const KvPolicy* p = policy(seq);
+  const bool evicts = p != nullptr && !p->keeps_everything();
+  const int64_t page = layout_.page_size();
+  int64_t pages = 0;
+  for (int l = 0; l < layout_.num_layers(); ++l) {
+    for (int h = 0; h < layout_.num_kv_heads(); ++h) {
+      const HeadTable& t = layout_.table(seq, l, h);
+      int64_t peak = t.size() + static_cast<int64_t>(decode_steps);
+      // A step appends before it evicts, so a table briefly holds one slot over its budget.
+      if (evicts && decode_steps > 0) {
+        peak = std::min<int64_t>(peak, std::max(t.size(), p->head_budget(seq, l, h)) + 1);
+      }
+      pages += std::max<int64_t>(static_cast<int64_t>(t.pages.size()), (peak + page - 1) / page);
+    }
+  }
+  return pages;
 }
 
 }  // namespace ekva

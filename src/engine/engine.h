@@ -34,8 +34,11 @@ class Engine {
   const Model& model() const { return *model_; }
   const KvLayout& layout() const { return layout_; }
   Backend& backend() { return *backend_; }
-  const KvPolicy* policy() const { return policy_ ? &*policy_ : nullptr; }
-  void set_policy(const PolicyOptions& options);
+  // Each sequence has its own policy (a server runs requests of different policies and budgets
+  // side by side); null where the cache keeps everything.
+  const KvPolicy* policy(int seq = 0) const;
+  void set_policy(const PolicyOptions& options);  // every sequence's
+  void set_policy(int seq, const PolicyOptions& options);
 
   // One step over any batch of tokens: plan on the host, run on the backend.
   std::vector<float> step(const ForwardBatch& batch, ForwardObserver* observer = nullptr);
@@ -44,18 +47,33 @@ class Engine {
   // Returns the last token's logits, or every token's when all_logits.
   std::vector<float> prefill(int seq, std::span<const int32_t> tokens, bool all_logits = false,
                              ForwardObserver* observer = nullptr);
+  // Prefills the next chunk of a prompt of prompt_len tokens, from the sequence's next position.
+  // The policy's observation queries are those of the whole prompt wherever the chunks are cut, so
+  // a prompt prefilled in chunks is scored as one prefilled at once. The chunk's last logits.
+  std::vector<float> prefill_chunk(int seq, std::span<const int32_t> tokens, int prompt_len);
   // Compresses `seq` after its prompt of prompt_len tokens; fixes the budgets decode then holds.
   void compress(int seq, int prompt_len);
   // One token of `seq` at its next position, then eviction back to the budgets. Its logits.
   std::vector<float> decode(int seq, int32_t token);
+  // One token for each of `seqs` (distinct) in one step, then each sequence evicted back to its
+  // budget by its own policy. Logits [seqs.size(), vocab].
+  std::vector<float> decode(std::span<const int> seqs, std::span<const int32_t> tokens);
   void clear(int seq);
+  // Pages `seq` can hold at most over its next decode_steps decode steps, after compress(): each
+  // (layer, KV head) table grows by one slot a step, and an evicting policy brings it back to its
+  // budget after each.
+  int64_t pages_bound(int seq, int decode_steps) const;
 
  private:
   const Model* model_;
   KvLayout layout_;
   std::unique_ptr<Backend> backend_;
-  std::optional<KvPolicy> policy_;
-  std::vector<PromptRouting> prompts_;  // per sequence
+  std::vector<float> prefill_batch(int seq, std::span<const int32_t> tokens, bool all_logits,
+                                   ForwardObserver* observer, std::vector<uint8_t> score_query);
+  void check_sequence(const char* what, int seq) const;
+
+  std::vector<std::optional<KvPolicy>> policies_;  // per sequence
+  std::vector<PromptRouting> prompts_;             // per sequence
 };
 
 }  // namespace ekva

@@ -1,0 +1,70 @@
+// `ekva serve` and `ekva loadgen` as processes: a server that SIGINT or SIGTERM stops cleanly
+// with a load generator's requests served first.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <string>
+
+#include "support/temp_dir.h"
+
+namespace ekva {
+namespace {
+
+const std::string kModelDir = std::string(EKVA_FIXTURES) + "/../../models/ekva-moe-8m";
+
+// Runs a shell script and returns its stdout and stderr together.
+std::string shell(const std::string& script) {
+  FILE* pipe = ::popen(("(" + script + ") 2>&1").c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf{};
+  while (size_t n = std::fread(buf.data(), 1, buf.size(), pipe)) out.append(buf.data(), n);
+  ::pclose(pipe);
+  return out;
+}
+
+class ServeCli : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ServeCli, StopsCleanlyOnTheSignal) {
+  const testing::TempDir dir;
+  const std::string log = (dir.path() / "serve.log").string();
+  const std::string ekva = EKVA_BINARY;
+  // The server picks a free port and names it on its first line; loadgen then runs against it.
+  const std::string out = shell(
+      ekva + " serve --model " + kModelDir + " --port 0 --max-sequences 2 2> " + log +
+      " & pid=$!; for i in $(seq 300); do grep -q 'on http' " + log +
+      " && break; sleep 0.1; done; url=$(grep -o 'http://[0-9.:]*' " + log + "); " + ekva +
+      " loadgen --url $url --requests 4 --concurrency 2 --prompt-tokens 16 --max-tokens 4 --json;" +
+      " echo loadgen_exit=$?; kill -" + GetParam() + " $pid; wait $pid; echo serve_exit=$?; cat " +
+      log);
+  EXPECT_NE(out.find("\"completed\":4"), std::string::npos) << out;
+  EXPECT_NE(out.find("loadgen_exit=0"), std::string::npos) << out;
+  EXPECT_NE(out.find("serve_exit=0"), std::string::npos) << out;
+  EXPECT_NE(out.find("stopping"), std::string::npos) << out;
+  EXPECT_NE(out.find("stopped after 4 requests, 16 tokens generated"), std::string::npos) << out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Signals, ServeCli, ::testing::Values("INT", "TERM"));
+
+TEST(ServeCliHelp, ListsTheOptions) {
+  const std::string out = shell(std::string(EKVA_BINARY) + " serve --help");
+  for (const char* option : {"--model", "--host", "--port", "--kv-memory", "--max-sequences",
+                             "--prefill-chunk", "--policy", "--budget", "--plan", "--device"}) {
+    EXPECT_NE(out.find(option), std::string::npos) << option;
+  }
+  const std::string loadgen = shell(std::string(EKVA_BINARY) + " loadgen --help");
+  for (const char* option : {"--url", "--requests", "--concurrency", "--prompt-tokens",
+                             "--max-tokens", "--seed", "--json"}) {
+    EXPECT_NE(loadgen.find(option), std::string::npos) << option;
+  }
+}
+
+TEST(ServeCliErrors, AnUnreachableServerIsAnErrorNotAHang) {
+  const std::string out = shell(std::string(EKVA_BINARY) +
+                                " loadgen --url http://127.0.0.1:1 --requests 1; echo exit=$?");
+  EXPECT_NE(out.find("ekva: error"), std::string::npos) << out;
+  EXPECT_NE(out.find("exit=1"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace ekva
