@@ -67,11 +67,14 @@ CudaBackend::~CudaBackend() {
 std::unique_ptr<Backend> CudaBackend::clone() const {
   std::unique_ptr<CudaBackend> copy(
       new CudaBackend(weights_, pool_rows_, head_dim_, num_segments_));
-  EKVA_CUDA_CHECK(cudaMemcpyAsync(copy->pool_.data(), pool_.data(), pool_.bytes(),
-                                  cudaMemcpyDeviceToDevice, stream_));
-  EKVA_CUDA_CHECK(cudaMemcpyAsync(copy->meta_.data(), meta_.data(), meta_.bytes(),
-                                  cudaMemcpyDeviceToDevice, stream_));
+  // On the copy's stream, after the zeroing its constructor queued there, and once this backend's
+  // own work is done.
   EKVA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  EKVA_CUDA_CHECK(cudaMemcpyAsync(copy->pool_.data(), pool_.data(), pool_.bytes(),
+                                  cudaMemcpyDeviceToDevice, copy->stream_));
+  EKVA_CUDA_CHECK(cudaMemcpyAsync(copy->meta_.data(), meta_.data(), meta_.bytes(),
+                                  cudaMemcpyDeviceToDevice, copy->stream_));
+  EKVA_CUDA_CHECK(cudaStreamSynchronize(copy->stream_));
   copy->disabled_ = disabled_;
   return copy;
 }
@@ -226,9 +229,95 @@ void CudaBackend::moe_block(int layer, int moe_index, const StepPlan& plan, KvLa
   const int E = s.num_experts, k = s.top_k;
   float* logits = scratch(router_logits_, static_cast<size_t>(n) * E);
   gemm_->f32(normed_.data(), n, D.router.data(), E, hidden, logits);
-  int32_t* experts_d = scratch(experts_, static_cast<size_t>(n) * k);
-  float* gates_d = scratch(gates_, static_cast<size_t>(n) * k);
+  const size_t pairs = static_cast<size_t>(n) * k;
+  // Each MoE layer's routing stays on the device until the step ends (experts_, gates_).
+  int32_t* experts_d = experts_.data() + moe_index * pairs;
+  float* gates_d = gates_.data() + moe_index * pairs;
   route_tokens(logits, n, E, k, s.norm_topk_prob, experts_d, gates_d, stream_);
+  // The grouped GEMV multiplies on CUDA cores but needs no host round trip and no launch per
+  // expert: it wins while experts see few tokens each, and with fine-grained experts (dozens of
+  // small products per layer otherwise). With many tokens per coarse expert, cuBLAS's tensor-core
+  // products over host-sorted rows win (ekva bench on the H200: docs/BENCHMARKS.md).
+  constexpr int kFineGrainedExperts = 32;
+  const bool grouped =
+      n <= kMaxGroupedTokens && (pairs <= 2 * static_cast<size_t>(E) || E >= kFineGrainedExperts);
+  if (observer == nullptr && grouped && grouped_gemv_supported(hidden, E) &&
+      grouped_gemv_supported(s.expert_intermediate, E)) {
+    grouped_experts(layer, n, experts_d, gates_d, y, delta);
+    routed_on_device_.emplace_back(layer, moe_index);
+  } else {
+    host_routed_experts(layer, moe_index, plan, layout, observer, experts_d, gates_d, y, delta);
+  }
+  if (s.shared_intermediate > 0) {
+    const float* weight = nullptr;
+    if (s.shared_expert_gated) {
+      float* w = scratch(shared_weight_, n);
+      gemm_->f32(normed_.data(), n, D.shared_gate.data(), 1, hidden, w);
+      sigmoid_in_place(w, n, stream_);
+      weight = w;
+    }
+    mlp(D.shared, x_bf16_.data(), n, y);
+    scatter_add_rows(y, nullptr, weight, n, hidden, delta, stream_);
+  }
+}
+
+void CudaBackend::grouped_experts(int layer, int n, const int32_t* experts, const float* gates,
+                                  float* y, float* delta) {
+  const ModelSpec& s = weights_->spec();
+  const DeviceLayer& D = weights_->layer(layer);
+  const int E = s.num_experts, k = s.top_k, hidden = s.hidden_size, inter = s.expert_intermediate;
+  const size_t pairs = static_cast<size_t>(n) * k;
+  int32_t* ints = scratch(pair_ints_, 5 * pairs + 2);
+  MoePairs p;
+  p.token = ints;
+  p.expert = ints + pairs;
+  p.token_pairs = ints + 2 * pairs;
+  p.touched = ints + 3 * pairs;
+  p.touched_first = ints + 4 * pairs;
+  p.num_touched = ints + 5 * pairs + 1;
+  p.gate = scratch(pair_gates_, pairs);
+  sort_pairs(experts, gates, n, k, E, p, stream_);
+  GroupedGemv up;
+  up.weights = D.expert_gate_up.data();
+  up.input = x_bf16_.data();
+  up.input_is_token = true;
+  up.out = scratch(gate_up_, pairs * 2 * inter);
+  up.out_rows = 2 * inter;
+  up.in_cols = hidden;
+  grouped_gemv(up, p, n, k, E, stream_);
+  uint16_t* h = scratch(hidden_bf16_, pairs * inter);
+  silu_mul(up.out, static_cast<int>(pairs), inter, h, stream_);
+  GroupedGemv down;
+  down.weights = D.expert_down.data();
+  down.input = h;
+  down.out = y;
+  down.out_rows = hidden;
+  down.in_cols = inter;
+  grouped_gemv(down, p, n, k, E, stream_);
+  combine_pairs(y, p, n, k, hidden, disabled_.first == layer ? disabled_.second : -1, delta,
+                stream_);
+}
+
+void CudaBackend::record_routing(int layer, const StepPlan& plan, KvLayout& layout,
+                                 const int32_t* experts) const {
+  const ModelSpec& s = weights_->spec();
+  for (int t = 0; t < plan.batch.size(); ++t) {
+    for (int h = 0; h < s.num_kv_heads; ++h) {
+      layout.table(plan.batch.seq[t], layer, h).meta[plan.slot(layer, t, h)].expert =
+          static_cast<int16_t>(experts[static_cast<size_t>(t) * s.top_k]);
+    }
+  }
+}
+
+void CudaBackend::host_routed_experts(int layer, int moe_index, const StepPlan& plan,
+                                      KvLayout& layout, ForwardObserver* observer,
+                                      const int32_t* experts_d, const float* gates_d, float* y,
+                                      float* delta) {
+  const ForwardBatch& batch = plan.batch;
+  const ModelSpec& s = weights_->spec();
+  const DeviceLayer& D = weights_->layer(layer);
+  const int n = batch.size(), hidden = s.hidden_size, E = s.num_experts, k = s.top_k;
+  const float* logits = router_logits_.data();
   std::vector<int32_t> experts(static_cast<size_t>(n) * k);
   std::vector<float> gates(experts.size());
   EKVA_CUDA_CHECK(cudaMemcpyAsync(experts.data(), experts_d, experts.size() * sizeof(int32_t),
@@ -244,7 +333,7 @@ void CudaBackend::moe_block(int layer, int moe_index, const StepPlan& plan, KvLa
   EKVA_CUDA_CHECK(cudaStreamSynchronize(stream_));
   if (observer != nullptr) observer->on_router_logits(layer, moe_index, host_logits.data(), n, E);
 
-  // The host mirror learns each slot's routing, as the CPU backend records it.
+  record_routing(layer, plan, layout, experts.data());
   std::vector<std::vector<int32_t>> rows(E);
   std::vector<std::vector<float>> row_gates(E);
   for (int t = 0; t < n; ++t) {
@@ -252,10 +341,6 @@ void CudaBackend::moe_block(int layer, int moe_index, const StepPlan& plan, KvLa
       rows[experts[static_cast<size_t>(t) * k + i]].push_back(t);
       row_gates[experts[static_cast<size_t>(t) * k + i]].push_back(
           gates[static_cast<size_t>(t) * k + i]);
-    }
-    for (int h = 0; h < s.num_kv_heads; ++h) {
-      layout.table(batch.seq[t], layer, h).meta[plan.slot(layer, t, h)].expert =
-          static_cast<int16_t>(experts[static_cast<size_t>(t) * k]);
     }
   }
   if (observer != nullptr) {
@@ -294,17 +379,6 @@ void CudaBackend::moe_block(int layer, int moe_index, const StepPlan& plan, KvLa
     }
     if (disabled_ != std::pair<int, int>{layer, e})
       scatter_add_rows(y, rows_d + first[e], gates_sorted_d + first[e], m, hidden, delta, stream_);
-  }
-  if (s.shared_intermediate > 0) {
-    const float* weight = nullptr;
-    if (s.shared_expert_gated) {
-      float* w = scratch(shared_weight_, n);
-      gemm_->f32(normed_.data(), n, D.shared_gate.data(), 1, hidden, w);
-      sigmoid_in_place(w, n, stream_);
-      weight = w;
-    }
-    mlp(D.shared, x_bf16_.data(), n, y);
-    scatter_add_rows(y, nullptr, weight, n, hidden, delta, stream_);
   }
 }
 
@@ -350,6 +424,10 @@ std::vector<float> CudaBackend::run(const StepPlan& plan, KvLayout& layout,
 
   float* x = scratch(x_, static_cast<size_t>(n) * hidden);
   scratch(normed_, static_cast<size_t>(n) * hidden);
+  const size_t routed = static_cast<size_t>(s.num_moe_layers()) * n * std::max(s.top_k, 1);
+  scratch(experts_, routed);
+  scratch(gates_, routed);
+  routed_on_device_.clear();
   scratch(x_bf16_, static_cast<size_t>(n) * hidden);
   embed_rows(w.embed().data.data(), tokens_, n, hidden, x, stream_);
   const float eps = static_cast<float>(s.rms_eps);
@@ -378,7 +456,16 @@ std::vector<float> CudaBackend::run(const StepPlan& plan, KvLayout& layout,
     EKVA_CUDA_CHECK(cudaMemcpyAsync(delta.data(), score_delta_.data(), rows_in_use * sizeof(float),
                                     cudaMemcpyDeviceToHost, stream_));
   }
+  std::vector<int32_t> experts;
+  if (!routed_on_device_.empty()) {
+    experts.resize(routed);
+    EKVA_CUDA_CHECK(cudaMemcpyAsync(experts.data(), experts_.data(), routed * sizeof(int32_t),
+                                    cudaMemcpyDeviceToHost, stream_));
+  }
   EKVA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  for (const auto& [layer, index] : routed_on_device_) {
+    record_routing(layer, plan, layout, experts.data() + static_cast<size_t>(index) * n * s.top_k);
+  }
   if (scoring) {
     for (int seq = 0; seq < layout.num_sequences(); ++seq) {
       if (in_batch[seq] != 2) continue;

@@ -50,6 +50,18 @@ class CudaBackend : public Backend {
   void mlp(const DeviceMlp& mlp, const uint16_t* x, int rows, float* y);
   void moe_block(int layer, int moe_index, const StepPlan& plan, KvLayout& layout,
                  ForwardObserver* observer);
+  // The routed experts of a small step, on the device alone; the host learns the routing when
+  // the step ends.
+  void grouped_experts(int layer, int n, const int32_t* experts, const float* gates, float* y,
+                       float* delta);
+  // The routed experts with the routing on the host: one product per touched expert over its
+  // rows (prefill), and the observer's callbacks.
+  void host_routed_experts(int layer, int moe_index, const StepPlan& plan, KvLayout& layout,
+                           ForwardObserver* observer, const int32_t* experts_d,
+                           const float* gates_d, float* y, float* delta);
+  // The host mirror learns each slot's primary expert, as the CPU backend records it.
+  void record_routing(int layer, const StepPlan& plan, KvLayout& layout,
+                      const int32_t* experts) const;
 
   std::shared_ptr<const DeviceModel> weights_;
   cudaStream_t stream_ = nullptr;
@@ -74,8 +86,10 @@ class CudaBackend : public Backend {
   DeviceBuffer<uint16_t> x_bf16_, attn_bf16_, rows_bf16_, hidden_bf16_;
   DeviceBuffer<uint16_t> decode_q_, decode_out_;  // [sequences, query heads, head_dim]
   DeviceBuffer<uint8_t> decode_workspace_;
-  DeviceBuffer<int32_t> experts_, expert_rows_;
-  DeviceBuffer<float> expert_gates_;
+  DeviceBuffer<int32_t> experts_, expert_rows_, pair_ints_;  // experts_: [MoE layer, token, k]
+  DeviceBuffer<float> expert_gates_, pair_gates_;
+  // This step's (layer, MoE index) whose routing is still on the device.
+  std::vector<std::pair<int, int>> routed_on_device_;
   std::pair<int, int> disabled_{-1, -1};
 };
 

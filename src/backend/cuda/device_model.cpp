@@ -138,6 +138,19 @@ void DeviceModel::set_rope() {
   attention_factor_ = static_cast<float>(rope.attention_factor);
 }
 
+void DeviceModel::set_expert_tables() {
+  for (DeviceLayer& D : layers_) {
+    if (D.experts.empty()) continue;
+    std::vector<const uint16_t*> gate_up, down;
+    for (const DeviceMlp& e : D.experts) {
+      gate_up.push_back(e.gate_up.data.data());
+      down.push_back(e.down.data.data());
+    }
+    D.expert_gate_up = DeviceBuffer<const uint16_t*>(std::span<const uint16_t* const>(gate_up));
+    D.expert_down = DeviceBuffer<const uint16_t*>(std::span<const uint16_t* const>(down));
+  }
+}
+
 DeviceModel::DeviceModel(const Model& model, size_t reserve_bytes)
     : spec_(model.spec()), bytes_(weight_bytes(model.spec())) {
   const ModelSpec& s = spec_;
@@ -173,6 +186,7 @@ DeviceModel::DeviceModel(const Model& model, size_t reserve_bytes)
     }
   }
   set_rope();
+  set_expert_tables();
 }
 
 DeviceModel::DeviceModel(const ModelSpec& spec, uint64_t seed, size_t reserve_bytes,
@@ -220,6 +234,7 @@ DeviceModel::DeviceModel(const ModelSpec& spec, uint64_t seed, size_t reserve_by
     }
   }
   set_rope();
+  set_expert_tables();
   EKVA_CUDA_CHECK(cudaStreamSynchronize(nullptr));
 }
 

@@ -32,6 +32,8 @@ struct DeviceLayer {
   DeviceBuffer<float> router;       // [num_experts, hidden], MoE layers only
   DeviceBuffer<float> shared_gate;  // [1, hidden] when the shared expert is gated
   std::vector<DeviceMlp> experts;
+  // Each expert's gate_up and down weights, for kernels that pick the expert on the device.
+  DeviceBuffer<const uint16_t*> expert_gate_up, expert_down;
   DeviceMlp shared;
   DeviceMlp dense;
 };
@@ -62,6 +64,7 @@ class DeviceModel {
   // Fails with kOutOfMemory unless the weights and reserve_bytes fit in free device memory.
   void check_fits(size_t reserve_bytes, const std::string& source) const;
   void set_rope();
+  void set_expert_tables();
 
   ModelSpec spec_;
   DeviceMatrix embed_, lm_head_;

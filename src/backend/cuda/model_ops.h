@@ -73,6 +73,43 @@ void fill_random_bf16(uint16_t* x, int64_t count, uint64_t seed, float stddev, c
 void fill_random_f32(float* x, int64_t count, uint64_t seed, float stddev, cudaStream_t stream);
 void fill_constant(float* x, int64_t count, float value, cudaStream_t stream);
 
+// Routed experts of a small step on the device alone (no host synchronisation): at most
+// kMaxGroupedTokens tokens, at most kMaxGroupedExperts experts.
+inline constexpr int kMaxGroupedTokens = 64;
+inline constexpr int kMaxGroupedExperts = 256;
+
+// The step's (token, expert) pairs in ascending expert order (tokens ascending within an expert);
+// device arrays of n * top_k entries unless said otherwise.
+struct MoePairs {
+  int32_t* token = nullptr;
+  float* gate = nullptr;
+  int32_t* expert = nullptr;
+  int32_t* token_pairs = nullptr;    // token t's pairs at [t * top_k, ...), ascending expert
+  int32_t* touched = nullptr;        // [min(experts, pairs)]: the experts with pairs, ascending
+  int32_t* touched_first = nullptr;  // [touched + 1]: each one's first pair, then the total
+  int32_t* num_touched = nullptr;    // [1]
+};
+void sort_pairs(const int32_t* experts, const float* gates, int n, int top_k, int num_experts,
+                const MoePairs& pairs, cudaStream_t stream);
+
+// out[j] = W_{expert of pair j} · input row (the pair's token when input_is_token, else j), for
+// every pair j: each touched expert's weights are read once per 16 of its pairs.
+struct GroupedGemv {
+  const uint16_t* const* weights = nullptr;  // [experts]: bf16 [out_rows, in_cols] each
+  const uint16_t* input = nullptr;           // bf16 rows of in_cols
+  bool input_is_token = false;
+  float* out = nullptr;  // [pairs, out_rows]
+  int out_rows = 0;
+  int in_cols = 0;
+};
+bool grouped_gemv_supported(int in_cols, int num_experts);
+void grouped_gemv(const GroupedGemv& gemv, const MoePairs& pairs, int n, int top_k, int num_experts,
+                  cudaStream_t stream);
+// out[t] += gate * y[pair] over token t's pairs in ascending expert order, skipping
+// disabled_expert (-1: none).
+void combine_pairs(const float* y, const MoePairs& pairs, int n, int top_k, int hidden,
+                   int disabled_expert, float* out, cudaStream_t stream);
+
 // x[i] = 1 / (1 + exp(-x[i])).
 void sigmoid_in_place(float* x, int count, cudaStream_t stream);
 
