@@ -185,6 +185,29 @@ void CudaBackend::attention_block(int layer, const StepPlan& plan, bool decode, 
     attention.run(views_[layer], q_rows, out_rows, scoring ? score_delta_.data() : nullptr,
                   workspace, stream_);
     gather_rows(out_rows, sequences_, n, s.q_dim(), out, stream_);
+  } else if (prefill_attention_supported(d)) {
+    PrefillAttention attention;
+    attention.q = q;
+    attention.sequences = sequences_;
+    attention.positions = positions_;
+    attention.tiles = tiles_;
+    attention.num_tiles = num_tiles_;
+    attention.out = out;
+    attention.num_q_heads = s.num_heads;
+    prefill_attention(views_[layer], attention, stream_);
+    if (scoring && num_voters_ > 0) {
+      PagedAttention voting;
+      voting.q = q;
+      voting.tokens = voters_;
+      voting.sequences = sequences_;
+      voting.positions = positions_;
+      voting.score_query = score_query_.data();
+      voting.score_delta = score_delta_.data();
+      voting.out = out;
+      voting.n = num_voters_;
+      voting.num_q_heads = s.num_heads;
+      paged_attention(views_[layer], voting, stream_);
+    }
   } else {
     PagedAttention attention;
     attention.q = q;
@@ -391,20 +414,6 @@ std::vector<float> CudaBackend::run(const StepPlan& plan, KvLayout& layout,
   const int rows = static_cast<int>(plan.logit_rows.size());
   if (n == 0) return {};
 
-  // Step inputs: tokens, sequences, positions, slots [layer][token][kv head], logit rows.
-  std::vector<int32_t> step;
-  step.reserve(3 * static_cast<size_t>(n) + plan.slots.size() + rows);
-  step.insert(step.end(), batch.tokens.begin(), batch.tokens.end());
-  step.insert(step.end(), batch.seq.begin(), batch.seq.end());
-  step.insert(step.end(), batch.pos.begin(), batch.pos.end());
-  step.insert(step.end(), plan.slots.begin(), plan.slots.end());
-  step.insert(step.end(), plan.logit_rows.begin(), plan.logit_rows.end());
-  upload_tables(layout, step);
-  sequences_ = tokens_ + n;
-  positions_ = tokens_ + 2 * n;
-  slots_ = tokens_ + 3 * n;
-  logit_rows_ = slots_ + plan.slots.size();
-
   const bool scoring = std::any_of(batch.score_query.begin(), batch.score_query.end(),
                                    [](uint8_t f) { return f != 0; });
   std::vector<uint8_t> in_batch(layout.num_sequences(), 0);  // 2: a voting token
@@ -414,6 +423,37 @@ std::vector<float> CudaBackend::run(const StepPlan& plan, KvLayout& layout,
     const bool votes = !batch.score_query.empty() && batch.score_query[t] != 0;
     in_batch[batch.seq[t]] = std::max<uint8_t>(in_batch[batch.seq[t]], votes ? 2 : 1);
   }
+  // Other steps attend on the tensor cores in tiles of one sequence's consecutive tokens; the
+  // voting tokens' scores come from the general kernel, run on them alone.
+  std::vector<int32_t> tiles, voters;
+  if (!decode) {
+    tiles = prefill_tiles(batch.seq.data(), n);
+    for (int t = 0; t < n && scoring; ++t) {
+      if (batch.score_query[t] != 0) voters.push_back(t);
+    }
+  }
+
+  // Step inputs: tokens, sequences, positions, slots [layer][token][kv head], logit rows, attention
+  // tiles, voting tokens.
+  std::vector<int32_t> step;
+  step.reserve(3 * static_cast<size_t>(n) + plan.slots.size() + rows + tiles.size() +
+               voters.size());
+  step.insert(step.end(), batch.tokens.begin(), batch.tokens.end());
+  step.insert(step.end(), batch.seq.begin(), batch.seq.end());
+  step.insert(step.end(), batch.pos.begin(), batch.pos.end());
+  step.insert(step.end(), plan.slots.begin(), plan.slots.end());
+  step.insert(step.end(), plan.logit_rows.begin(), plan.logit_rows.end());
+  step.insert(step.end(), tiles.begin(), tiles.end());
+  step.insert(step.end(), voters.begin(), voters.end());
+  upload_tables(layout, step);
+  sequences_ = tokens_ + n;
+  positions_ = tokens_ + 2 * n;
+  slots_ = tokens_ + 3 * n;
+  logit_rows_ = slots_ + plan.slots.size();
+  tiles_ = logit_rows_ + rows;
+  num_tiles_ = static_cast<int>(tiles.size() / 2);
+  voters_ = tiles_ + tiles.size();
+  num_voters_ = static_cast<int>(voters.size());
   const size_t rows_in_use = static_cast<size_t>(layout.page_high_water()) * layout.page_size();
   if (scoring) {
     uint8_t* flags = scratch(score_query_, n);

@@ -80,6 +80,10 @@ class CudaBackend : public Backend {
   const int32_t* positions_ = nullptr;
   const int32_t* slots_ = nullptr;  // [layer][token][kv head]
   const int32_t* logit_rows_ = nullptr;
+  const int32_t* tiles_ = nullptr;   // prefill_attention's tiles: [first token, count] each
+  const int32_t* voters_ = nullptr;  // the step's voting tokens, when it is not a decode step
+  int num_tiles_ = 0;
+  int num_voters_ = 0;
   DeviceBuffer<uint8_t> score_query_, flags_, compaction_;
   DeviceBuffer<float> x_, normed_, q_, k_, v_, delta_, gate_up_, y_, router_logits_, gates_,
       shared_weight_, logits_;

@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "backend/cuda/paged_kv.h"
 
@@ -45,6 +46,7 @@ void route_tokens(const float* logits, int n, int num_experts, int top_k, bool r
 // head's query heads, are added to the pool-parallel score_delta.
 struct PagedAttention {
   const float* q = nullptr;
+  const int32_t* tokens = nullptr;     // when set, only these n of the step's tokens are attended
   const int32_t* sequences = nullptr;  // [n]
   const int32_t* positions = nullptr;  // [n]
   const uint8_t* score_query = nullptr;
@@ -54,6 +56,26 @@ struct PagedAttention {
   int num_q_heads = 0;
 };
 void paged_attention(const PagedKvLayer& kv, const PagedAttention& attention, cudaStream_t stream);
+
+// paged_attention's outputs (not its scores) on the tensor cores, for steps with runs of a
+// sequence's tokens: tiles[2i] is the first token of tile i and tiles[2i + 1] its count, at most
+// kPrefillTileTokens tokens of one sequence. head_dim 32, 64 or 128 (prefill_attention_supported).
+inline constexpr int kPrefillTileTokens = 64;
+struct PrefillAttention {
+  const float* q = nullptr;
+  const int32_t* sequences = nullptr;
+  const int32_t* positions = nullptr;
+  const int32_t* tiles = nullptr;
+  int num_tiles = 0;
+  uint16_t* out = nullptr;
+  int num_q_heads = 0;
+};
+bool prefill_attention_supported(int head_dim);
+// The tiles of a step's n tokens (host side): each run of consecutive tokens of one sequence, cut
+// into pieces of at most kPrefillTileTokens.
+std::vector<int32_t> prefill_tiles(const int32_t* sequences, int n);
+void prefill_attention(const PagedKvLayer& kv, const PrefillAttention& attention,
+                       cudaStream_t stream);
 
 // Row rows[i] of out = bf16(row i of x), x float32 [count, cols].
 void scatter_rows_bf16(const float* x, const int32_t* rows, int count, int cols, uint16_t* out,

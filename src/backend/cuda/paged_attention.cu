@@ -42,8 +42,10 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int warp_in_cta = threadIdx.x / 32;
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarps + warp_in_cta;
   if (item >= static_cast<int64_t>(a.n) * a.num_q_heads) return;
-  const int t = static_cast<int>(item / a.num_q_heads);
+  const int t =
+      a.tokens != nullptr ? a.tokens[item / a.num_q_heads] : static_cast<int>(item / a.num_q_heads);
   const int h = static_cast<int>(item % a.num_q_heads);
+  const int64_t at = (static_cast<int64_t>(t) * a.num_q_heads + h) * kv.head_dim;
   const int group = a.num_q_heads / kv.num_kv_heads;
   const int segment = a.sequences[t] * kv.num_kv_heads + h / group;
   const int32_t* table = kv.page_ids + kv.page_offsets[segment];
@@ -51,7 +53,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int32_t query_pos = a.positions[t];
   const int d = kv.head_dim;
   float* q = q_shared[warp_in_cta];
-  for (int j = lane; j < d; j += 32) q[j] = a.q[item * d + j];
+  for (int j = lane; j < d; j += 32) q[j] = a.q[at + j];
   __syncwarp();
 
   float m = -INFINITY;
@@ -91,7 +93,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
   for (int k = 0; k < kDimsPerLane; ++k) {
     const int dim = lane + 32 * k;
-    if (dim < d) a.out[item * d + dim] = to_bf16_bits(acc[k] * inv);
+    if (dim < d) a.out[at + dim] = to_bf16_bits(acc[k] * inv);
   }
   if (a.score_delta == nullptr || a.score_query == nullptr || a.score_query[t] == 0 || l == 0.0f)
     return;

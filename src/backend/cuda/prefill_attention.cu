@@ -1,0 +1,269 @@
+// Attention of runs of one sequence's tokens over the paged KV pool on the tensor cores: one CTA
+// per (tile of up to 64 consecutive tokens, query head), four warps of 16 query rows, 64 slots per
+// step with an online softmax (S = QK^T and O = PV as bf16 mma with fp32 accumulators), the next
+// slots' K and V copied into shared memory while the current ones are multiplied. Causal by each
+// slot's stored position, as paged_attention.
+#include <cuda_bf16.h>
+
+#include <climits>
+#include <cmath>
+#include <cstdint>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_common.cuh"
+#include "backend/cuda/dispatch.h"
+#include "backend/cuda/model_ops.h"
+#include "core/error.h"
+
+namespace ekva::cuda {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kSlots = 64;  // per step of the slot loop
+
+// Element offset of 16-byte chunk `chunk` of row `row` in a [rows][head_dim] bf16 tile. Chunks are
+// XOR-swizzled by the row so that the eight row addresses of an ldmatrix fall in distinct banks
+// (in two for head_dim 32, whose rows have only four chunks).
+template <int D>
+__device__ __forceinline__ int swizzled(int row, int chunk) {
+  constexpr int kSpread = D / 8 < 8 ? D / 8 : 8;
+  return row * D + ((chunk ^ (row % kSpread)) * 8);
+}
+
+template <int D>
+constexpr int shared_bytes() {
+  return (kPrefillTileTokens + 4 * kSlots) * D * static_cast<int>(sizeof(uint16_t));
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    prefill_attention_kernel(const PagedKvLayer kv, const PrefillAttention a, float scale_log2) {
+  constexpr int kChunks = D / 8;
+  extern __shared__ uint4 shared_raw[];
+  uint16_t* q_tile = reinterpret_cast<uint16_t*>(shared_raw);
+  uint16_t* k_tiles = q_tile + kPrefillTileTokens * D;  // two stages
+  uint16_t* v_tiles = k_tiles + 2 * kSlots * D;
+  __shared__ int32_t slot_pos[2][kSlots];
+  __shared__ int32_t query_pos[kPrefillTileTokens];
+  __shared__ int32_t max_query_pos;
+
+  const int first = a.tiles[2 * blockIdx.x];
+  const int count = a.tiles[2 * blockIdx.x + 1];
+  const int h = blockIdx.y;
+  const int group = a.num_q_heads / kv.num_kv_heads;
+  const int segment = a.sequences[first] * kv.num_kv_heads + h / group;
+  const int32_t* table = kv.page_ids + kv.page_offsets[segment];
+  const int length = kv.lengths[segment];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+  if (threadIdx.x == 0) max_query_pos = INT_MIN;
+  for (int c = threadIdx.x; c < kPrefillTileTokens * kChunks; c += kThreads) {
+    const int r = c / kChunks, chunk = c % kChunks;
+    uint4 packed = make_uint4(0, 0, 0, 0);
+    if (r < count) {
+      const float4* src = reinterpret_cast<const float4*>(
+          a.q + (static_cast<int64_t>(first + r) * a.num_q_heads + h) * D + chunk * 8);
+      const float4 lo = src[0], hi = src[1];
+      packed = make_uint4(pack_bf16(lo.x, lo.y), pack_bf16(lo.z, lo.w), pack_bf16(hi.x, hi.y),
+                          pack_bf16(hi.z, hi.w));
+    }
+    *reinterpret_cast<uint4*>(q_tile + swizzled<D>(r, chunk)) = packed;
+  }
+  if (threadIdx.x < kPrefillTileTokens) {
+    query_pos[threadIdx.x] = threadIdx.x < count ? a.positions[first + threadIdx.x] : INT_MIN;
+  }
+  __syncthreads();
+  if (threadIdx.x < count) atomicMax(&max_query_pos, query_pos[threadIdx.x]);
+  __syncthreads();
+
+  const auto load_slots = [&](int stage, int step) {
+    for (int c = threadIdx.x; c < kSlots * kChunks; c += kThreads) {
+      const int r = c / kChunks, chunk = c % kChunks;
+      const int slot = step * kSlots + r;
+      const bool valid = slot < length;
+      const int64_t row = valid ? pool_row(table, slot, kv.page_size) : 0;
+      const uint16_t* key = kv.pool + key_offset(row, kv.page_size, D) + chunk * 8;
+      const int at = stage * kSlots * D + swizzled<D>(r, chunk);
+      cp_async_16(shared_address(k_tiles + at), key, valid);
+      cp_async_16(shared_address(v_tiles + at), key + static_cast<int64_t>(kv.page_size) * D,
+                  valid);
+    }
+    if (threadIdx.x < kSlots) {
+      const int slot = step * kSlots + threadIdx.x;
+      slot_pos[stage][threadIdx.x] =
+          slot < length ? kv.meta[pool_row(table, slot, kv.page_size)].position : INT_MAX;
+    }
+  };
+
+  const int steps = (length + kSlots - 1) / kSlots;
+  if (steps > 0) load_slots(0, 0);
+  cp_async_commit();
+
+  // This warp's 16 query rows as A fragments, for every 16 dimensions.
+  uint32_t qf[D / 16][4];
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) {
+    ldmatrix_x4(qf[ks],
+                shared_address(q_tile + swizzled<D>(warp * 16 + lane % 16, ks * 2 + lane / 16)));
+  }
+  const int row0 = warp * 16 + lane / 4;  // this thread's rows: row0 and row0 + 8
+  const int pos0 = query_pos[row0], pos1 = query_pos[row0 + 8];
+
+  float o[D / 8][4] = {};
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+  for (int step = 0; step < steps; ++step) {
+    const int stage = step & 1;
+    if (step + 1 < steps) load_slots(stage ^ 1, step + 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+    // Slots all after every query of the tile (the causal upper triangle) cost no arithmetic.
+    const bool visible =
+        __syncthreads_or(threadIdx.x < kSlots && slot_pos[stage][threadIdx.x] <= max_query_pos);
+    if (visible) {
+      const uint16_t* k_tile = k_tiles + stage * kSlots * D;
+      const uint16_t* v_tile = v_tiles + stage * kSlots * D;
+      float s[kSlots / 8][4] = {};
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) {
+#pragma unroll
+        for (int np = 0; np < kSlots / 16; ++np) {
+          uint32_t b[4];
+          ldmatrix_x4(b, shared_address(k_tile + swizzled<D>(np * 16 + lane % 8 + (lane / 16) * 8,
+                                                             ks * 2 + (lane / 8) % 2)));
+          mma_bf16_16816(s[2 * np], qf[ks], b[0], b[1]);
+          mma_bf16_16816(s[2 * np + 1], qf[ks], b[2], b[3]);
+        }
+      }
+      float tile_max0 = -INFINITY, tile_max1 = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < kSlots / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int p = slot_pos[stage][nt * 8 + (lane % 4) * 2 + e];
+          s[nt][e] = p <= pos0 ? s[nt][e] * scale_log2 : -INFINITY;
+          s[nt][2 + e] = p <= pos1 ? s[nt][2 + e] * scale_log2 : -INFINITY;
+          tile_max0 = fmaxf(tile_max0, s[nt][e]);
+          tile_max1 = fmaxf(tile_max1, s[nt][2 + e]);
+        }
+      }
+#pragma unroll
+      for (int offset = 1; offset < 4; offset *= 2) {
+        tile_max0 = fmaxf(tile_max0, __shfl_xor_sync(0xffffffffu, tile_max0, offset));
+        tile_max1 = fmaxf(tile_max1, __shfl_xor_sync(0xffffffffu, tile_max1, offset));
+      }
+      const float new0 = fmaxf(m0, tile_max0), new1 = fmaxf(m1, tile_max1);
+      // A row that has seen nothing yet keeps exponent base 0, so that exp2 never sees inf - inf.
+      const float base0 = new0 == -INFINITY ? 0.0f : new0;
+      const float base1 = new1 == -INFINITY ? 0.0f : new1;
+      const float correction0 = exp2f(m0 - base0), correction1 = exp2f(m1 - base1);
+      m0 = new0;
+      m1 = new1;
+      l0 *= correction0;
+      l1 *= correction1;
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt) {
+        o[dt][0] *= correction0;
+        o[dt][1] *= correction0;
+        o[dt][2] *= correction1;
+        o[dt][3] *= correction1;
+      }
+#pragma unroll
+      for (int nt = 0; nt < kSlots / 8; ++nt) {
+        s[nt][0] = exp2f(s[nt][0] - base0);
+        s[nt][1] = exp2f(s[nt][1] - base0);
+        s[nt][2] = exp2f(s[nt][2] - base1);
+        s[nt][3] = exp2f(s[nt][3] - base1);
+        l0 += s[nt][0] + s[nt][1];
+        l1 += s[nt][2] + s[nt][3];
+      }
+#pragma unroll
+      for (int kk = 0; kk < kSlots / 16; ++kk) {
+        const uint32_t p[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]),
+                               pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                               pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                               pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+        for (int dp = 0; dp < D / 16; ++dp) {
+          uint32_t b[4];
+          ldmatrix_x4_trans(
+              b, shared_address(v_tile + swizzled<D>(kk * 16 + lane % 8 + ((lane / 8) % 2) * 8,
+                                                     dp * 2 + lane / 16)));
+          mma_bf16_16816(o[2 * dp], p, b[0], b[1]);
+          mma_bf16_16816(o[2 * dp + 1], p, b[2], b[3]);
+        }
+      }
+    }
+    __syncthreads();
+  }
+  cp_async_wait_all();
+
+#pragma unroll
+  for (int offset = 1; offset < 4; offset *= 2) {
+    l0 += __shfl_xor_sync(0xffffffffu, l0, offset);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, offset);
+  }
+  const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+#pragma unroll
+  for (int dt = 0; dt < D / 8; ++dt) {
+    const int col = dt * 8 + (lane % 4) * 2;
+    if (row0 < count) {
+      *reinterpret_cast<uint32_t*>(
+          a.out + (static_cast<int64_t>(first + row0) * a.num_q_heads + h) * D + col) =
+          pack_bf16(o[dt][0] * inv0, o[dt][1] * inv0);
+    }
+    if (row0 + 8 < count) {
+      *reinterpret_cast<uint32_t*>(
+          a.out + (static_cast<int64_t>(first + row0 + 8) * a.num_q_heads + h) * D + col) =
+          pack_bf16(o[dt][2] * inv1, o[dt][3] * inv1);
+    }
+  }
+}
+
+}  // namespace
+
+bool prefill_attention_supported(int head_dim) {
+  return head_dim == 32 || head_dim == 64 || head_dim == 128;
+}
+
+std::vector<int32_t> prefill_tiles(const int32_t* sequences, int n) {
+  std::vector<int32_t> tiles;
+  for (int t = 0; t < n; ++t) {
+    if (t == 0 || sequences[t] != sequences[t - 1] || tiles.back() == kPrefillTileTokens) {
+      tiles.push_back(t);
+      tiles.push_back(0);
+    }
+    ++tiles.back();
+  }
+  return tiles;
+}
+
+void fail_unsupported_prefill_head_dim(int head_dim) {
+  fail(ErrorKind::kUnsupported,
+       "CUDA prefill attention: head_dim {} is not implemented (32, 64 or 128)", head_dim);
+}
+
+void prefill_attention(const PagedKvLayer& kv, const PrefillAttention& a, cudaStream_t stream) {
+  if (a.num_tiles == 0) return;
+  if (kv.meta == nullptr || a.num_q_heads % kv.num_kv_heads != 0) {
+    fail(ErrorKind::kInvalidArgument,
+         "prefill_attention: needs slot metadata and query heads ({}) a multiple of KV heads ({})",
+         a.num_q_heads, kv.num_kv_heads);
+  }
+  constexpr double kLog2e = 1.4426950408889634;
+  const float scale_log2 = static_cast<float>(kLog2e / std::sqrt(static_cast<double>(kv.head_dim)));
+  dispatch_prefill_head_dim(kv.head_dim, [&](auto dim) {
+    constexpr int D = decltype(dim)::value;
+    constexpr int bytes = shared_bytes<D>();
+    static const bool opted_in = [] {
+      EKVA_CUDA_CHECK(cudaFuncSetAttribute(prefill_attention_kernel<D>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+      return true;
+    }();
+    (void)opted_in;
+    const dim3 grid(static_cast<unsigned>(a.num_tiles), static_cast<unsigned>(a.num_q_heads));
+    prefill_attention_kernel<D><<<grid, kThreads, bytes, stream>>>(kv, a, scale_log2);
+  });
+  EKVA_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace ekva::cuda
