@@ -174,16 +174,21 @@ void CudaBackend::attention_block(int layer, const StepPlan& plan, bool decode, 
                                    views_[layer].page_size, scoring};
   if (decode && DecodeAttentionPlan::can_implement(shape)) {
     const size_t segments = static_cast<size_t>(plan.num_sequences) * s.num_kv_heads;
-    const DecodeAttentionPlan attention(
-        shape, std::span<const int32_t>(plan.lengths).subspan(layer * segments, segments));
+    const auto lengths = std::span<const int32_t>(plan.lengths).subspan(layer * segments, segments);
+    // Layers that retain the same counts (all of them at full KV) share one schedule: its upload
+    // is a host-to-device copy, and runs leave the workspace ready for the next.
+    if (!decode_plan_ || !std::equal(lengths.begin(), lengths.end(), decode_plan_lengths_.begin(),
+                                     decode_plan_lengths_.end())) {
+      decode_plan_.emplace(shape, lengths);
+      decode_plan_lengths_.assign(lengths.begin(), lengths.end());
+      decode_plan_->upload(scratch(decode_workspace_, decode_plan_->workspace_bytes()), stream_);
+    }
     const size_t rows = static_cast<size_t>(plan.num_sequences) * s.q_dim();
     uint16_t* q_rows = scratch(decode_q_, rows);
     uint16_t* out_rows = scratch(decode_out_, rows);
-    void* workspace = scratch(decode_workspace_, attention.workspace_bytes());
     scatter_rows_bf16(q, sequences_, n, s.q_dim(), q_rows, stream_);
-    attention.upload(workspace, stream_);
-    attention.run(views_[layer], q_rows, out_rows, scoring ? score_delta_.data() : nullptr,
-                  workspace, stream_);
+    decode_plan_->run(views_[layer], q_rows, out_rows, scoring ? score_delta_.data() : nullptr,
+                      decode_workspace_.data(), stream_);
     gather_rows(out_rows, sequences_, n, s.q_dim(), out, stream_);
   } else if (prefill_attention_supported(d)) {
     PrefillAttention attention;
@@ -257,15 +262,11 @@ void CudaBackend::moe_block(int layer, int moe_index, const StepPlan& plan, KvLa
   int32_t* experts_d = experts_.data() + moe_index * pairs;
   float* gates_d = gates_.data() + moe_index * pairs;
   route_tokens(logits, n, E, k, s.norm_topk_prob, experts_d, gates_d, stream_);
-  // The grouped GEMV multiplies on CUDA cores but needs no host round trip and no launch per
-  // expert: it wins while experts see few tokens each, and with fine-grained experts (dozens of
-  // small products per layer otherwise). With many tokens per coarse expert, cuBLAS's tensor-core
-  // products over host-sorted rows win (ekva bench on the H200: docs/BENCHMARKS.md).
-  constexpr int kFineGrainedExperts = 32;
-  const bool grouped =
-      n <= kMaxGroupedTokens && (pairs <= 2 * static_cast<size_t>(E) || E >= kFineGrainedExperts);
-  if (observer == nullptr && grouped && grouped_gemv_supported(hidden, E) &&
-      grouped_gemv_supported(s.expert_intermediate, E)) {
+  // Small steps (decode) keep the experts on the device: no host round trip per layer, and each
+  // touched expert's weights read once on the tensor cores. Larger ones (prefill) sort on the
+  // host and call cuBLAS per touched expert.
+  if (observer == nullptr && n <= kMaxGroupedTokens && grouped_gemm_supported(hidden, E) &&
+      grouped_gemm_supported(s.expert_intermediate, E)) {
     grouped_experts(layer, n, experts_d, gates_d, y, delta);
     routed_on_device_.emplace_back(layer, moe_index);
   } else {
@@ -300,23 +301,23 @@ void CudaBackend::grouped_experts(int layer, int n, const int32_t* experts, cons
   p.num_touched = ints + 5 * pairs + 1;
   p.gate = scratch(pair_gates_, pairs);
   sort_pairs(experts, gates, n, k, E, p, stream_);
-  GroupedGemv up;
+  GroupedGemm up;
   up.weights = D.expert_gate_up.data();
   up.input = x_bf16_.data();
   up.input_is_token = true;
   up.out = scratch(gate_up_, pairs * 2 * inter);
   up.out_rows = 2 * inter;
   up.in_cols = hidden;
-  grouped_gemv(up, p, n, k, E, stream_);
+  grouped_gemm(up, p, n, k, E, stream_);
   uint16_t* h = scratch(hidden_bf16_, pairs * inter);
   silu_mul(up.out, static_cast<int>(pairs), inter, h, stream_);
-  GroupedGemv down;
+  GroupedGemm down;
   down.weights = D.expert_down.data();
   down.input = h;
   down.out = y;
   down.out_rows = hidden;
   down.in_cols = inter;
-  grouped_gemv(down, p, n, k, E, stream_);
+  grouped_gemm(down, p, n, k, E, stream_);
   combine_pairs(y, p, n, k, hidden, disabled_.first == layer ? disabled_.second : -1, delta,
                 stream_);
 }
@@ -446,6 +447,7 @@ std::vector<float> CudaBackend::run(const StepPlan& plan, KvLayout& layout,
   step.insert(step.end(), tiles.begin(), tiles.end());
   step.insert(step.end(), voters.begin(), voters.end());
   upload_tables(layout, step);
+  decode_plan_.reset();
   sequences_ = tokens_ + n;
   positions_ = tokens_ + 2 * n;
   slots_ = tokens_ + 3 * n;

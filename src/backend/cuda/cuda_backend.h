@@ -8,10 +8,12 @@
 #include <cuda_runtime_api.h>
 
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cuda/decode_attention.h"
 #include "backend/cuda/device_buffer.h"
 #include "backend/cuda/device_model.h"
 #include "backend/cuda/gemm.h"
@@ -90,6 +92,8 @@ class CudaBackend : public Backend {
   DeviceBuffer<uint16_t> x_bf16_, attn_bf16_, rows_bf16_, hidden_bf16_;
   DeviceBuffer<uint16_t> decode_q_, decode_out_;  // [sequences, query heads, head_dim]
   DeviceBuffer<uint8_t> decode_workspace_;
+  std::optional<DecodeAttentionPlan> decode_plan_;  // this step's last, with the lengths it took
+  std::vector<int32_t> decode_plan_lengths_;
   DeviceBuffer<int32_t> experts_, expert_rows_, pair_ints_;  // experts_: [MoE layer, token, k]
   DeviceBuffer<float> expert_gates_, pair_gates_;
   // This step's (layer, MoE index) whose routing is still on the device.

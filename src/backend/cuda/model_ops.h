@@ -115,8 +115,9 @@ void sort_pairs(const int32_t* experts, const float* gates, int n, int top_k, in
                 const MoePairs& pairs, cudaStream_t stream);
 
 // out[j] = W_{expert of pair j} · input row (the pair's token when input_is_token, else j), for
-// every pair j: each touched expert's weights are read once per 16 of its pairs.
-struct GroupedGemv {
+// every pair j: each touched expert's weights are read once for all of its pairs. At most
+// kMaxGroupedTokens tokens.
+struct GroupedGemm {
   const uint16_t* const* weights = nullptr;  // [experts]: bf16 [out_rows, in_cols] each
   const uint16_t* input = nullptr;           // bf16 rows of in_cols
   bool input_is_token = false;
@@ -124,8 +125,8 @@ struct GroupedGemv {
   int out_rows = 0;
   int in_cols = 0;
 };
-bool grouped_gemv_supported(int in_cols, int num_experts);
-void grouped_gemv(const GroupedGemv& gemv, const MoePairs& pairs, int n, int top_k, int num_experts,
+bool grouped_gemm_supported(int in_cols, int num_experts);
+void grouped_gemm(const GroupedGemm& gemm, const MoePairs& pairs, int n, int top_k, int num_experts,
                   cudaStream_t stream);
 // out[t] += gate * y[pair] over token t's pairs in ascending expert order, skipping
 // disabled_expert (-1: none).

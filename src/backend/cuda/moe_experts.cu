@@ -1,6 +1,7 @@
 // Routed experts of a small step (decode) without the host: the step's (token, expert) pairs sorted
 // by expert on the device, each touched expert's weights read once for all of its tokens by a
-// grouped GEMV, and the gated sum per token in ascending expert order (as the CPU adds them).
+// grouped product on the tensor cores, and the gated sum per token in ascending expert order (as
+// the CPU adds them).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -54,95 +55,118 @@ __global__ void sort_pairs_kernel(const int32_t* experts, const float* gates, in
   }
 }
 
-constexpr int kWarps = 8;
-constexpr int kRowsPerWarp = 4;
-constexpr int kRowsPerBlock = kWarps * kRowsPerWarp;
-constexpr int kTokens = 16;       // pairs of one expert per block
-constexpr int kChunkCols = 2048;  // input columns staged in shared memory at a time
-constexpr int kLoadsInFlight = 4;
+constexpr int kThreads = 128;
+constexpr int kRows = 64;  // weight rows per CTA: 16 per warp
+constexpr int kCols = 64;  // input columns per pipeline stage
+constexpr int kStages = 4;
+constexpr int kStageElements = (kRows + kMaxGroupedTokens) * kCols;
+constexpr int kSharedBytes = kStages * kStageElements * static_cast<int>(sizeof(uint16_t));
 
-__device__ __forceinline__ void unpack8(const uint4& v, float (&f)[8]) {
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 pair = unpack_bf16(w[i]);
-    f[2 * i] = pair.x;
-    f[2 * i + 1] = pair.y;
-  }
+// Element offset of 16-byte chunk `chunk` of row `row` in a [rows][kCols] bf16 tile, XOR-swizzled
+// so that the eight row addresses of an ldmatrix fall in distinct banks.
+__device__ __forceinline__ int swizzled(int row, int chunk) {
+  return row * kCols + ((chunk ^ (row % 8)) * 8);
 }
 
-// grid: (row tiles, touched experts at most, token chunks at most). Each warp owns kRowsPerWarp
-// output rows; its lanes stream 8 weights at a time and multiply them with every staged input.
-__global__ void __launch_bounds__(kWarps * 32)
-    grouped_gemv_kernel(const GroupedGemv g, const MoePairs p) {
+// grid: (row tiles, touched experts at most, column splits). The CTA multiplies kRows rows of its
+// expert's weights with every input row of that expert's pairs (at most kMaxGroupedTokens) on the
+// tensor cores, weights as the M side (the "swap AB" of a skinny product), so each weight byte is
+// read once whatever the number of tokens; copies run kStages - 1 column steps ahead.
+__global__ void __launch_bounds__(kThreads)
+    grouped_gemm_kernel(const GroupedGemm g, const MoePairs p, int split_cols) {
   if (static_cast<int>(blockIdx.y) >= *p.num_touched) return;
   const int expert = p.touched[blockIdx.y];
-  const int first = p.touched_first[blockIdx.y] + blockIdx.z * kTokens;
-  const int count = min(kTokens, p.touched_first[blockIdx.y + 1] - first);
-  if (count <= 0) return;
-  extern __shared__ uint4 staged[];  // [kTokens][kChunkCols / 8]
+  const int first = p.touched_first[blockIdx.y];
+  const int count = p.touched_first[blockIdx.y + 1] - first;
+  const int col_begin = blockIdx.z * split_cols;
+  const int col_end = min(g.in_cols, col_begin + split_cols);
+  if (col_begin >= col_end) return;
+  extern __shared__ uint4 shared_raw[];
+  uint16_t* tiles = reinterpret_cast<uint16_t*>(shared_raw);
   const uint16_t* w = g.weights[expert];
-  const int lane = threadIdx.x % 32;
-  const int warp = threadIdx.x / 32;
-  const int row0 = blockIdx.x * kRowsPerBlock + warp * kRowsPerWarp;
-  float acc[kRowsPerWarp][kTokens] = {};
-  for (int c0 = 0; c0 < g.in_cols; c0 += kChunkCols) {
-    const int vectors = min(kChunkCols, g.in_cols - c0) / 8;
-    __syncthreads();
-    for (int i = threadIdx.x; i < count * vectors; i += blockDim.x) {
-      const int tok = i / vectors;
-      const int pair = first + tok;
-      const int64_t row = g.input_is_token ? p.token[pair] : pair;
-      staged[tok * (kChunkCols / 8) + i % vectors] =
-          reinterpret_cast<const uint4*>(g.input + row * g.in_cols + c0)[i % vectors];
+  const int row0 = blockIdx.x * kRows;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+  const auto load = [&](int stage, int c0) {
+    uint16_t* w_tile = tiles + stage * kStageElements;
+    uint16_t* x_tile = w_tile + kRows * kCols;
+    for (int i = threadIdx.x; i < (kRows + kMaxGroupedTokens) * (kCols / 8); i += kThreads) {
+      const int r = i / (kCols / 8), chunk = i % (kCols / 8);
+      const int col = c0 + chunk * 8;
+      if (r < kRows) {
+        const bool valid = row0 + r < g.out_rows && col < col_end;
+        const uint16_t* src = w + (valid ? static_cast<int64_t>(row0 + r) * g.in_cols + col : 0);
+        cp_async_16(shared_address(w_tile + swizzled(r, chunk)), src, valid);
+      } else {
+        const int t = r - kRows;
+        const bool valid = t < count && col < col_end;
+        const int64_t input_row = !valid ? 0 : g.input_is_token ? p.token[first + t] : first + t;
+        cp_async_16(shared_address(x_tile + swizzled(t, chunk)),
+                    g.input + (valid ? input_row * g.in_cols + col : 0), valid);
+      }
     }
+  };
+
+  const int pairs_of_tiles = (count + 15) / 16;  // 16 inputs per pair of n8 tiles
+  float acc[kMaxGroupedTokens / 8][4] = {};
+  const int steps = (col_end - col_begin + kCols - 1) / kCols;
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < steps) load(s, col_begin + s * kCols);
+    cp_async_commit();
+  }
+  for (int step = 0; step < steps; ++step) {
+    cp_async_wait<kStages - 2>();
     __syncthreads();
+    const int ahead = step + kStages - 1;
+    if (ahead < steps) load(ahead % kStages, col_begin + ahead * kCols);
+    cp_async_commit();
+    const uint16_t* w_tile = tiles + (step % kStages) * kStageElements;
+    const uint16_t* x_tile = w_tile + kRows * kCols;
 #pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) {
-      const int row = row0 + r;
-      if (row >= g.out_rows) break;
-      const uint4* wrow =
-          reinterpret_cast<const uint4*>(w + static_cast<int64_t>(row) * g.in_cols + c0);
-      // kLoadsInFlight weight vectors per lane are requested before any is used: a GEMV is
-      // bound by how many bytes are in flight.
-      for (int v0 = lane; v0 < vectors; v0 += 32 * kLoadsInFlight) {
-        uint4 loaded[kLoadsInFlight];
+    for (int ks = 0; ks < kCols / 16; ++ks) {
+      uint32_t a[4];
+      ldmatrix_x4(a, shared_address(w_tile + swizzled(warp * 16 + lane % 16, ks * 2 + lane / 16)));
 #pragma unroll
-        for (int u = 0; u < kLoadsInFlight; ++u) {
-          const int v = v0 + 32 * u;
-          loaded[u] = v < vectors ? __ldg(wrow + v) : make_uint4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int u = 0; u < kLoadsInFlight; ++u) {
-          const int v = v0 + 32 * u;
-          if (v >= vectors) break;
-          float wf[8];
-          unpack8(loaded[u], wf);
-#pragma unroll
-          for (int tok = 0; tok < kTokens; ++tok) {
-            if (tok >= count) break;
-            float xf[8];
-            unpack8(staged[tok * (kChunkCols / 8) + v], xf);
-            float s = 0.0f;
-#pragma unroll
-            for (int q = 0; q < 8; ++q) s += wf[q] * xf[q];
-            acc[r][tok] += s;
-          }
-        }
+      for (int np = 0; np < kMaxGroupedTokens / 16; ++np) {
+        if (np >= pairs_of_tiles) break;
+        uint32_t b[4];
+        ldmatrix_x4(b, shared_address(x_tile + swizzled(np * 16 + lane % 8 + (lane / 16) * 8,
+                                                        ks * 2 + (lane / 8) % 2)));
+        mma_bf16_16816(acc[2 * np], a, b[0], b[1]);
+        mma_bf16_16816(acc[2 * np + 1], a, b[2], b[3]);
       }
     }
   }
+  cp_async_wait_all();
+
+  const bool split = gridDim.z > 1;
+  const int row = row0 + warp * 16 + lane / 4;
 #pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) {
-    const int row = row0 + r;
+  for (int nt = 0; nt < kMaxGroupedTokens / 8; ++nt) {
 #pragma unroll
-    for (int tok = 0; tok < kTokens; ++tok) {
-      float s = acc[r][tok];
-      for (int offset = 16; offset > 0; offset /= 2) s += __shfl_xor_sync(0xffffffffu, s, offset);
-      if (lane == 0 && row < g.out_rows && tok < count)
-        g.out[static_cast<int64_t>(first + tok) * g.out_rows + row] = s;
+    for (int e = 0; e < 4; ++e) {
+      const int r = row + (e / 2) * 8;
+      const int t = nt * 8 + (lane % 4) * 2 + e % 2;
+      if (r >= g.out_rows || t >= count) continue;
+      float* out = g.out + static_cast<int64_t>(first + t) * g.out_rows + r;
+      if (split) {
+        atomicAdd(out, acc[nt][e]);
+      } else {
+        *out = acc[nt][e];
+      }
     }
   }
+}
+
+int multiprocessors() {
+  static const int count = [] {
+    int device = 0, value = 0;
+    EKVA_CUDA_CHECK(cudaGetDevice(&device));
+    EKVA_CUDA_CHECK(cudaDeviceGetAttribute(&value, cudaDevAttrMultiProcessorCount, device));
+    return value;
+  }();
+  return count;
 }
 
 __global__ void combine_kernel(const float* y, const MoePairs p, int n, int k, int hidden,
@@ -162,7 +186,7 @@ __global__ void combine_kernel(const float* y, const MoePairs p, int n, int k, i
 
 }  // namespace
 
-bool grouped_gemv_supported(int in_cols, int num_experts) {
+bool grouped_gemm_supported(int in_cols, int num_experts) {
   return in_cols % 8 == 0 && num_experts <= kMaxGroupedExperts;
 }
 
@@ -173,19 +197,36 @@ void sort_pairs(const int32_t* experts, const float* gates, int n, int k, int nu
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 
-void grouped_gemv(const GroupedGemv& g, const MoePairs& pairs, int n, int k, int num_experts,
+void grouped_gemm(const GroupedGemm& g, const MoePairs& pairs, int n, int k, int num_experts,
                   cudaStream_t stream) {
-  if (!grouped_gemv_supported(g.in_cols, num_experts)) {
-    fail(ErrorKind::kUnsupported, "grouped_gemv: {} input columns (a multiple of 8) of {} experts",
-         g.in_cols, num_experts);
+  if (!grouped_gemm_supported(g.in_cols, num_experts) || n > kMaxGroupedTokens) {
+    fail(ErrorKind::kUnsupported,
+         "grouped_gemm: {} input columns (a multiple of 8) of {} experts (at most {}), {} tokens "
+         "(at most {})",
+         g.in_cols, num_experts, kMaxGroupedExperts, n, kMaxGroupedTokens);
   }
-  const size_t shared = kTokens * kChunkCols * sizeof(uint16_t);
-  EKVA_CUDA_CHECK(cudaFuncSetAttribute(
-      grouped_gemv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
-  // A token routes to an expert at most once: no expert has more than n pairs.
-  const dim3 grid((g.out_rows + kRowsPerBlock - 1) / kRowsPerBlock, std::min(num_experts, n * k),
-                  (n + kTokens - 1) / kTokens);
-  grouped_gemv_kernel<<<grid, kWarps * 32, shared, stream>>>(g, pairs);
+  static const bool opted_in = [] {
+    EKVA_CUDA_CHECK(cudaFuncSetAttribute(
+        grouped_gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
+    return true;
+  }();
+  (void)opted_in;
+  // A token routes to an expert at most once: no expert has more than n pairs, and at most
+  // min(experts, pairs) are touched. Few products (one token's experts) are cut along their
+  // columns until the grid fills the GPU once (three CTAs fit a multiprocessor), each part at
+  // least two column steps; the parts then add into a zeroed output.
+  const int row_tiles = (g.out_rows + kRows - 1) / kRows;
+  const int touched = std::min(num_experts, n * k);
+  const int steps = (g.in_cols + kCols - 1) / kCols;
+  const int wanted = (3 * multiprocessors() + row_tiles * touched - 1) / (row_tiles * touched);
+  const int splits = std::max(1, std::min(wanted, steps / 2));
+  const int split_cols = ((steps + splits - 1) / splits) * kCols;
+  if (splits > 1) {
+    EKVA_CUDA_CHECK(
+        cudaMemsetAsync(g.out, 0, static_cast<size_t>(n) * k * g.out_rows * sizeof(float), stream));
+  }
+  const dim3 grid(row_tiles, touched, (g.in_cols + split_cols - 1) / split_cols);
+  grouped_gemm_kernel<<<grid, kThreads, kSharedBytes, stream>>>(g, pairs, split_cols);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -1,0 +1,135 @@
+// The device expert path of small steps (pairs sorted by expert, the grouped product on the tensor
+// cores) against products computed here in double, on sizes that are not multiples of its tiles.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "backend/cuda/model_ops.h"
+#include "core/error.h"
+#include "paged_kv_fixture.h"
+
+namespace ekva::cuda {
+namespace {
+
+struct Case {
+  int num_experts;
+  int top_k;
+  int tokens;
+  int out_rows;
+  int in_cols;
+};
+
+std::vector<uint16_t> random_bf16(size_t count, std::mt19937& rng) {
+  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  std::vector<uint16_t> x(count);
+  for (uint16_t& v : x) v = f32_to_bf16(value(rng));
+  return x;
+}
+
+void run_case(const Case& c, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const int pairs = c.tokens * c.top_k;
+  // Each token's top_k distinct experts, drawn from the first few so that experts share tokens.
+  std::vector<int32_t> experts(pairs);
+  std::vector<float> gates(pairs, 0.5f);
+  std::vector<int32_t> ids(c.num_experts);
+  std::iota(ids.begin(), ids.end(), 0);
+  for (int t = 0; t < c.tokens; ++t) {
+    std::shuffle(ids.begin(), ids.begin() + std::min(c.num_experts, 2 * c.top_k + 1), rng);
+    std::copy_n(ids.begin(), c.top_k, experts.begin() + static_cast<size_t>(t) * c.top_k);
+  }
+  std::vector<std::vector<uint16_t>> weights;
+  std::vector<DeviceBuffer<uint16_t>> weights_device;
+  std::vector<const uint16_t*> pointers;
+  for (int e = 0; e < c.num_experts; ++e) {
+    weights.push_back(random_bf16(static_cast<size_t>(c.out_rows) * c.in_cols, rng));
+    weights_device.emplace_back(std::span<const uint16_t>(weights.back()));
+    pointers.push_back(weights_device.back().data());
+  }
+  const std::vector<uint16_t> tokens = random_bf16(static_cast<size_t>(c.tokens) * c.in_cols, rng);
+  const std::vector<uint16_t> pair_rows = random_bf16(static_cast<size_t>(pairs) * c.in_cols, rng);
+
+  DeviceBuffer<const uint16_t*> pointers_device{std::span<const uint16_t* const>(pointers)};
+  DeviceBuffer<int32_t> experts_device{std::span<const int32_t>(experts)};
+  DeviceBuffer<float> gates_device{std::span<const float>(gates)};
+  DeviceBuffer<int32_t> ints(5 * static_cast<size_t>(pairs) + 2);
+  DeviceBuffer<float> pair_gates(pairs);
+  MoePairs p;
+  p.token = ints.data();
+  p.expert = ints.data() + pairs;
+  p.token_pairs = ints.data() + 2 * pairs;
+  p.touched = ints.data() + 3 * pairs;
+  p.touched_first = ints.data() + 4 * pairs;
+  p.num_touched = ints.data() + 5 * pairs + 1;
+  p.gate = pair_gates.data();
+  sort_pairs(experts_device.data(), gates_device.data(), c.tokens, c.top_k, c.num_experts, p,
+             nullptr);
+  DeviceBuffer<uint16_t> tokens_device{std::span<const uint16_t>(tokens)};
+  DeviceBuffer<uint16_t> pair_rows_device{std::span<const uint16_t>(pair_rows)};
+  for (const bool input_is_token : {true, false}) {
+    SCOPED_TRACE(input_is_token ? "token inputs" : "pair inputs");
+    DeviceBuffer<float> out(static_cast<size_t>(pairs) * c.out_rows);
+    EKVA_CUDA_CHECK(cudaMemset(out.data(), 0xff, out.bytes()));  // NaN: unwritten outputs show
+    GroupedGemm g;
+    g.weights = pointers_device.data();
+    g.input = input_is_token ? tokens_device.data() : pair_rows_device.data();
+    g.input_is_token = input_is_token;
+    g.out = out.data();
+    g.out_rows = c.out_rows;
+    g.in_cols = c.in_cols;
+    grouped_gemm(g, p, c.tokens, c.top_k, c.num_experts, nullptr);
+    EKVA_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<float> got = out.download();
+    const std::vector<int32_t> sorted = ints.download();
+    for (int j = 0; j < pairs; ++j) {
+      const int token = sorted[j], expert = sorted[pairs + j];
+      const uint16_t* x = input_is_token ? tokens.data() + static_cast<size_t>(token) * c.in_cols
+                                         : pair_rows.data() + static_cast<size_t>(j) * c.in_cols;
+      for (int r = 0; r < c.out_rows; ++r) {
+        const uint16_t* w = weights[expert].data() + static_cast<size_t>(r) * c.in_cols;
+        double want = 0.0, magnitude = 0.0;
+        for (int i = 0; i < c.in_cols; ++i) {
+          const double term = static_cast<double>(bf16_to_f32(w[i])) * bf16_to_f32(x[i]);
+          want += term;
+          magnitude += std::abs(term);
+        }
+        // fp32 accumulation of in_cols products.
+        ASSERT_NEAR(got[static_cast<size_t>(j) * c.out_rows + r], want, 1e-5 * magnitude + 1e-6)
+            << "pair " << j << " (token " << token << ", expert " << expert << ") row " << r;
+      }
+    }
+  }
+}
+
+class GroupedGemmTest : public ::testing::Test {
+ protected:
+  void SetUp() override { EKVA_SKIP_WITHOUT_GPU(); }
+};
+
+TEST_F(GroupedGemmTest, OneTokenManyColumnsIsSplitAlongColumns) {
+  run_case({8, 2, 1, 200, 3000}, 1);
+}
+
+TEST_F(GroupedGemmTest, FullBatchOfTokensSharingExperts) {
+  run_case({16, 4, kMaxGroupedTokens, 72, 136}, 2);
+}
+
+TEST_F(GroupedGemmTest, FineGrainedExpertsOddSizes) {
+  run_case({128, 8, 5, 97, 520}, 3);
+}
+
+TEST(GroupedGemmHostTest, RejectsUnsupportedShapes) {
+  EXPECT_FALSE(grouped_gemm_supported(12, 8));
+  EXPECT_FALSE(grouped_gemm_supported(64, kMaxGroupedExperts + 1));
+  GroupedGemm g;
+  g.in_cols = 64;
+  g.out_rows = 64;
+  EXPECT_THROW(grouped_gemm(g, MoePairs{}, kMaxGroupedTokens + 1, 2, 8, nullptr), Error);
+}
+
+}  // namespace
+}  // namespace ekva::cuda
