@@ -1,5 +1,6 @@
 #include "backend/cuda/gemm.h"
 
+#include "backend/cuda/model_ops.h"
 #include "core/error.h"
 
 namespace ekva::cuda {
@@ -13,7 +14,7 @@ void check_cublas(cublasStatus_t status, const char* call) {
 
 }  // namespace
 
-Gemm::Gemm(cudaStream_t stream) {
+Gemm::Gemm(cudaStream_t stream) : stream_(stream) {
   check_cublas(cublasCreate(&handle_), "cublasCreate");
   check_cublas(cublasSetStream(handle_, stream), "cublasSetStream");
 }
@@ -26,6 +27,10 @@ Gemm::~Gemm() {
 // the row-major W [out, in] is the column-major Wᵀ and x [n, in] the column-major xᵀ.
 void Gemm::bf16(const uint16_t* x, int n, const uint16_t* w, int out, int in, float* y) {
   if (n == 0) return;
+  if (skinny_gemm_supported(n, in)) {
+    skinny_gemm(x, n, w, out, in, y, stream_);
+    return;
+  }
   const float one = 1.0f, zero = 0.0f;
   check_cublas(cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, w, CUDA_R_16BF, in,
                             x, CUDA_R_16BF, in, &zero, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F,

@@ -1,6 +1,7 @@
 #pragma once
-// Dense products through cuBLAS: y[n, out] = x[n, in] · Wᵀ for a row-major weight W [out, in], as
-// cpu::linear computes them. Internal to src/backend/cuda.
+// Dense products: y[n, out] = x[n, in] · Wᵀ for a row-major weight W [out, in], as cpu::linear
+// computes them; through cuBLAS, but bf16 products of few rows (decode) through skinny_gemm.
+// Internal to src/backend/cuda.
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -22,6 +23,7 @@ class Gemm {
 
  private:
   cublasHandle_t handle_ = nullptr;
+  cudaStream_t stream_ = nullptr;
 };
 
 }  // namespace ekva::cuda

@@ -32,12 +32,27 @@ __global__ void embed_rows_kernel(const uint16_t* table, const int32_t* tokens, 
 }
 
 // One CTA per row. The sum of squares in double, as the CPU reference takes it.
-__global__ void rms_norm_kernel(const float* x, int dim, const float* weight, float eps,
-                                float* out_f32, uint16_t* out_bf16) {
-  __shared__ double partial[kThreads / 32];
+// One CTA per row. A decode step normalises one row at a time, so the row's latency is the
+// kernel's: every thread's loads are issued before any is summed, and the second pass reads L1.
+constexpr int kNormThreads = 1024;
+constexpr int kNormUnroll = 4;
+
+__global__ void __launch_bounds__(kNormThreads)
+    rms_norm_kernel(const float* x, int dim, const float* weight, float eps, float* out_f32,
+                    uint16_t* out_bf16) {
+  __shared__ double partial[kNormThreads / 32];
   const float* row = x + static_cast<int64_t>(blockIdx.x) * dim;
   double ss = 0.0;
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += static_cast<double>(row[i]) * row[i];
+  for (int base = threadIdx.x; base < dim; base += blockDim.x * kNormUnroll) {
+    float v[kNormUnroll];
+#pragma unroll
+    for (int u = 0; u < kNormUnroll; ++u) {
+      const int i = base + u * blockDim.x;
+      v[u] = i < dim ? row[i] : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kNormUnroll; ++u) ss += static_cast<double>(v[u]) * v[u];
+  }
   for (int offset = 16; offset > 0; offset /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, offset);
   if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = ss;
   __syncthreads();
@@ -221,7 +236,7 @@ void embed_rows(const uint16_t* table, const int32_t* tokens, int n, int hidden,
 void rms_norm(const float* x, int rows, int dim, const float* weight, float eps, float* out_f32,
               uint16_t* out_bf16, cudaStream_t stream) {
   if (rows == 0) return;
-  const int threads = std::min(kThreads, std::max(32, (dim + 31) / 32 * 32));
+  const int threads = std::min(kNormThreads, std::max(32, (dim / kNormUnroll + 31) / 32 * 32));
   rms_norm_kernel<<<rows, threads, 0, stream>>>(x, dim, weight, eps, out_f32, out_bf16);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }

@@ -119,13 +119,22 @@ void sort_pairs(const int32_t* experts, const float* gates, int n, int top_k, in
 // kMaxGroupedTokens tokens.
 struct GroupedGemm {
   const uint16_t* const* weights = nullptr;  // [experts]: bf16 [out_rows, in_cols] each
-  const uint16_t* input = nullptr;           // bf16 rows of in_cols
+  // Instead of experts and pairs: one matrix times input rows 0 .. dense_rows (skinny_gemm).
+  const uint16_t* dense = nullptr;
+  int dense_rows = 0;
+  const uint16_t* input = nullptr;  // bf16 rows of in_cols
   bool input_is_token = false;
   float* out = nullptr;  // [pairs, out_rows]
   int out_rows = 0;
   int in_cols = 0;
 };
 bool grouped_gemm_supported(int in_cols, int num_experts);
+// y[n, out_rows] = x[n, in_cols] · Wᵀ (bf16 inputs, float32 y) for at most kMaxGroupedTokens rows
+// on the grouped product's kernel: Gemm::bf16's path for decode-sized products, which cuBLAS runs
+// well below the bandwidth a GEMV-like product needs.
+bool skinny_gemm_supported(int n, int in_cols);
+void skinny_gemm(const uint16_t* x, int n, const uint16_t* w, int out_rows, int in_cols, float* y,
+                 cudaStream_t stream);
 void grouped_gemm(const GroupedGemm& gemm, const MoePairs& pairs, int n, int top_k, int num_experts,
                   cudaStream_t stream);
 // out[t] += gate * y[pair] over token t's pairs in ascending expert order, skipping

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_common.cuh"
@@ -55,12 +56,19 @@ __global__ void sort_pairs_kernel(const int32_t* experts, const float* gates, in
   }
 }
 
-constexpr int kThreads = 128;
-constexpr int kRows = 64;  // weight rows per CTA: 16 per warp
-constexpr int kCols = 64;  // input columns per pipeline stage
-constexpr int kStages = 4;
-constexpr int kStageElements = (kRows + kMaxGroupedTokens) * kCols;
-constexpr int kSharedBytes = kStages * kStageElements * static_cast<int>(sizeof(uint16_t));
+constexpr int kWarps = 8;
+constexpr int kRows = 16 * kWarps;  // weight rows per CTA
+constexpr int kCols = 64;           // input columns per pipeline stage
+
+// A step's shape of the grouped product for at most Tokens pairs per expert: the weight tile and
+// the input tile of a stage, and as many stages as keep two CTAs on a multiprocessor. A GEMV-like
+// product is bound by the bytes in flight, so fewer tokens buy deeper pipelines.
+template <int Tokens>
+struct GroupedGemmShape {
+  static constexpr int kStageElements = (kRows + Tokens) * kCols;
+  static constexpr int kStages = Tokens <= 16 ? 6 : 4;
+  static constexpr int kSharedBytes = kStages * kStageElements * static_cast<int>(sizeof(uint16_t));
+};
 
 // Element offset of 16-byte chunk `chunk` of row `row` in a [rows][kCols] bf16 tile, XOR-swizzled
 // so that the eight row addresses of an ldmatrix fall in distinct banks.
@@ -69,28 +77,32 @@ __device__ __forceinline__ int swizzled(int row, int chunk) {
 }
 
 // grid: (row tiles, touched experts at most, column splits). The CTA multiplies kRows rows of its
-// expert's weights with every input row of that expert's pairs (at most kMaxGroupedTokens) on the
-// tensor cores, weights as the M side (the "swap AB" of a skinny product), so each weight byte is
-// read once whatever the number of tokens; copies run kStages - 1 column steps ahead.
-__global__ void __launch_bounds__(kThreads)
+// expert's weights with every input row of that expert's pairs (at most Tokens) on the tensor
+// cores, weights as the M side (the "swap AB" of a skinny product), so each weight byte is read
+// once whatever the number of tokens; copies run kStages - 1 column steps ahead.
+template <int Tokens>
+__global__ void __launch_bounds__(kWarps * 32)
     grouped_gemm_kernel(const GroupedGemm g, const MoePairs p, int split_cols) {
-  if (static_cast<int>(blockIdx.y) >= *p.num_touched) return;
-  const int expert = p.touched[blockIdx.y];
-  const int first = p.touched_first[blockIdx.y];
-  const int count = p.touched_first[blockIdx.y + 1] - first;
+  using Shape = GroupedGemmShape<Tokens>;
+  constexpr int kStages = Shape::kStages;
+  const bool dense = g.dense != nullptr;
+  if (!dense && static_cast<int>(blockIdx.y) >= *p.num_touched) return;
+  const int first = dense ? 0 : p.touched_first[blockIdx.y];
+  const int count = dense ? g.dense_rows : p.touched_first[blockIdx.y + 1] - first;
   const int col_begin = blockIdx.z * split_cols;
   const int col_end = min(g.in_cols, col_begin + split_cols);
   if (col_begin >= col_end) return;
   extern __shared__ uint4 shared_raw[];
   uint16_t* tiles = reinterpret_cast<uint16_t*>(shared_raw);
-  const uint16_t* w = g.weights[expert];
+  const uint16_t* w = dense ? g.dense : g.weights[p.touched[blockIdx.y]];
   const int row0 = blockIdx.x * kRows;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int input_rows = (count + 15) / 16 * 16;  // what the mma reads: the rest is zeroed
 
   const auto load = [&](int stage, int c0) {
-    uint16_t* w_tile = tiles + stage * kStageElements;
+    uint16_t* w_tile = tiles + stage * Shape::kStageElements;
     uint16_t* x_tile = w_tile + kRows * kCols;
-    for (int i = threadIdx.x; i < (kRows + kMaxGroupedTokens) * (kCols / 8); i += kThreads) {
+    for (int i = threadIdx.x; i < (kRows + input_rows) * (kCols / 8); i += kWarps * 32) {
       const int r = i / (kCols / 8), chunk = i % (kCols / 8);
       const int col = c0 + chunk * 8;
       if (r < kRows) {
@@ -107,8 +119,7 @@ __global__ void __launch_bounds__(kThreads)
     }
   };
 
-  const int pairs_of_tiles = (count + 15) / 16;  // 16 inputs per pair of n8 tiles
-  float acc[kMaxGroupedTokens / 8][4] = {};
+  float acc[Tokens / 8][4] = {};
   const int steps = (col_end - col_begin + kCols - 1) / kCols;
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
@@ -121,15 +132,15 @@ __global__ void __launch_bounds__(kThreads)
     const int ahead = step + kStages - 1;
     if (ahead < steps) load(ahead % kStages, col_begin + ahead * kCols);
     cp_async_commit();
-    const uint16_t* w_tile = tiles + (step % kStages) * kStageElements;
+    const uint16_t* w_tile = tiles + (step % kStages) * Shape::kStageElements;
     const uint16_t* x_tile = w_tile + kRows * kCols;
 #pragma unroll
     for (int ks = 0; ks < kCols / 16; ++ks) {
       uint32_t a[4];
       ldmatrix_x4(a, shared_address(w_tile + swizzled(warp * 16 + lane % 16, ks * 2 + lane / 16)));
 #pragma unroll
-      for (int np = 0; np < kMaxGroupedTokens / 16; ++np) {
-        if (np >= pairs_of_tiles) break;
+      for (int np = 0; np < Tokens / 16; ++np) {
+        if (np * 16 >= input_rows) break;
         uint32_t b[4];
         ldmatrix_x4(b, shared_address(x_tile + swizzled(np * 16 + lane % 8 + (lane / 16) * 8,
                                                         ks * 2 + (lane / 8) % 2)));
@@ -143,7 +154,7 @@ __global__ void __launch_bounds__(kThreads)
   const bool split = gridDim.z > 1;
   const int row = row0 + warp * 16 + lane / 4;
 #pragma unroll
-  for (int nt = 0; nt < kMaxGroupedTokens / 8; ++nt) {
+  for (int nt = 0; nt < Tokens / 8; ++nt) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int r = row + (e / 2) * 8;
@@ -197,6 +208,46 @@ void sort_pairs(const int32_t* experts, const float* gates, int n, int k, int nu
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 
+namespace {
+
+// Launches the grouped product over `touched` products of at most max_rows input rows each, whose
+// outputs span out_count rows of g.out.
+void launch_grouped_gemm(const GroupedGemm& g, const MoePairs& pairs, int max_rows, int touched,
+                         int out_count, cudaStream_t stream) {
+  // The grid is cut along the columns until it is about four waves of two CTAs per
+  // multiprocessor (fewer CTAs leave a long last wave), each part at least two column steps; the
+  // parts then add into a zeroed output.
+  const int row_tiles = (g.out_rows + kRows - 1) / kRows;
+  const int steps = (g.in_cols + kCols - 1) / kCols;
+  const int wanted = (8 * multiprocessors() + row_tiles * touched - 1) / (row_tiles * touched);
+  const int splits = std::max(1, std::min(wanted, steps / 2));
+  const int split_cols = ((steps + splits - 1) / splits) * kCols;
+  if (splits > 1) {
+    EKVA_CUDA_CHECK(cudaMemsetAsync(
+        g.out, 0, static_cast<size_t>(out_count) * g.out_rows * sizeof(float), stream));
+  }
+  const dim3 grid(row_tiles, touched, (g.in_cols + split_cols - 1) / split_cols);
+  const auto launch = [&](auto tokens) {
+    constexpr int kTokens = decltype(tokens)::value;
+    constexpr int bytes = GroupedGemmShape<kTokens>::kSharedBytes;
+    static const bool opted_in = [] {
+      EKVA_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_kernel<kTokens>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+      return true;
+    }();
+    (void)opted_in;
+    grouped_gemm_kernel<kTokens><<<grid, kWarps * 32, bytes, stream>>>(g, pairs, split_cols);
+  };
+  if (max_rows <= 16) {
+    launch(std::integral_constant<int, 16>{});
+  } else {
+    launch(std::integral_constant<int, kMaxGroupedTokens>{});
+  }
+  EKVA_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
 void grouped_gemm(const GroupedGemm& g, const MoePairs& pairs, int n, int k, int num_experts,
                   cudaStream_t stream) {
   if (!grouped_gemm_supported(g.in_cols, num_experts) || n > kMaxGroupedTokens) {
@@ -205,29 +256,31 @@ void grouped_gemm(const GroupedGemm& g, const MoePairs& pairs, int n, int k, int
          "(at most {})",
          g.in_cols, num_experts, kMaxGroupedExperts, n, kMaxGroupedTokens);
   }
-  static const bool opted_in = [] {
-    EKVA_CUDA_CHECK(cudaFuncSetAttribute(
-        grouped_gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
-    return true;
-  }();
-  (void)opted_in;
   // A token routes to an expert at most once: no expert has more than n pairs, and at most
-  // min(experts, pairs) are touched. Few products (one token's experts) are cut along their
-  // columns until the grid fills the GPU once (three CTAs fit a multiprocessor), each part at
-  // least two column steps; the parts then add into a zeroed output.
-  const int row_tiles = (g.out_rows + kRows - 1) / kRows;
-  const int touched = std::min(num_experts, n * k);
-  const int steps = (g.in_cols + kCols - 1) / kCols;
-  const int wanted = (3 * multiprocessors() + row_tiles * touched - 1) / (row_tiles * touched);
-  const int splits = std::max(1, std::min(wanted, steps / 2));
-  const int split_cols = ((steps + splits - 1) / splits) * kCols;
-  if (splits > 1) {
-    EKVA_CUDA_CHECK(
-        cudaMemsetAsync(g.out, 0, static_cast<size_t>(n) * k * g.out_rows * sizeof(float), stream));
+  // min(experts, pairs) are touched.
+  launch_grouped_gemm(g, pairs, n, std::min(num_experts, n * k), n * k, stream);
+}
+
+bool skinny_gemm_supported(int n, int in_cols) {
+  return n <= kMaxGroupedTokens && in_cols % 8 == 0;
+}
+
+void skinny_gemm(const uint16_t* x, int n, const uint16_t* w, int out_rows, int in_cols, float* y,
+                 cudaStream_t stream) {
+  if (!skinny_gemm_supported(n, in_cols)) {
+    fail(ErrorKind::kUnsupported,
+         "skinny_gemm: {} rows (at most {}) of {} columns (a multiple of 8)", n, kMaxGroupedTokens,
+         in_cols);
   }
-  const dim3 grid(row_tiles, touched, (g.in_cols + split_cols - 1) / split_cols);
-  grouped_gemm_kernel<<<grid, kThreads, kSharedBytes, stream>>>(g, pairs, split_cols);
-  EKVA_CUDA_CHECK(cudaGetLastError());
+  if (n == 0) return;
+  GroupedGemm g;
+  g.dense = w;
+  g.dense_rows = n;
+  g.input = x;
+  g.out = y;
+  g.out_rows = out_rows;
+  g.in_cols = in_cols;
+  launch_grouped_gemm(g, MoePairs{}, n, 1, n, stream);
 }
 
 void combine_pairs(const float* y, const MoePairs& pairs, int n, int k, int hidden,

@@ -122,6 +122,36 @@ TEST_F(GroupedGemmTest, FineGrainedExpertsOddSizes) {
   run_case({128, 8, 5, 97, 520}, 3);
 }
 
+TEST_F(GroupedGemmTest, SkinnyDenseProductMatchesDouble) {
+  std::mt19937 rng(4);
+  for (const int n : {1, 7, kMaxGroupedTokens}) {
+    const int out_rows = 300, in_cols = 1000;
+    const std::vector<uint16_t> w = random_bf16(static_cast<size_t>(out_rows) * in_cols, rng);
+    const std::vector<uint16_t> x = random_bf16(static_cast<size_t>(n) * in_cols, rng);
+    DeviceBuffer<uint16_t> w_device{std::span<const uint16_t>(w)};
+    DeviceBuffer<uint16_t> x_device{std::span<const uint16_t>(x)};
+    DeviceBuffer<float> y(static_cast<size_t>(n) * out_rows);
+    EKVA_CUDA_CHECK(cudaMemset(y.data(), 0xff, y.bytes()));
+    skinny_gemm(x_device.data(), n, w_device.data(), out_rows, in_cols, y.data(), nullptr);
+    EKVA_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<float> got = y.download();
+    for (int t = 0; t < n; ++t) {
+      for (int r = 0; r < out_rows; ++r) {
+        double want = 0.0, magnitude = 0.0;
+        for (int i = 0; i < in_cols; ++i) {
+          const double term =
+              static_cast<double>(bf16_to_f32(w[static_cast<size_t>(r) * in_cols + i])) *
+              bf16_to_f32(x[static_cast<size_t>(t) * in_cols + i]);
+          want += term;
+          magnitude += std::abs(term);
+        }
+        ASSERT_NEAR(got[static_cast<size_t>(t) * out_rows + r], want, 1e-5 * magnitude + 1e-6)
+            << n << " rows: row " << t << " output " << r;
+      }
+    }
+  }
+}
+
 TEST(GroupedGemmHostTest, RejectsUnsupportedShapes) {
   EXPECT_FALSE(grouped_gemm_supported(12, 8));
   EXPECT_FALSE(grouped_gemm_supported(64, kMaxGroupedExperts + 1));
@@ -129,6 +159,8 @@ TEST(GroupedGemmHostTest, RejectsUnsupportedShapes) {
   g.in_cols = 64;
   g.out_rows = 64;
   EXPECT_THROW(grouped_gemm(g, MoePairs{}, kMaxGroupedTokens + 1, 2, 8, nullptr), Error);
+  EXPECT_FALSE(skinny_gemm_supported(kMaxGroupedTokens + 1, 64));
+  EXPECT_FALSE(skinny_gemm_supported(1, 12));
 }
 
 }  // namespace
