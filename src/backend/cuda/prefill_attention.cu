@@ -81,8 +81,8 @@ __global__ void __launch_bounds__(kThreads)
       const int r = c / kChunks, chunk = c % kChunks;
       const int slot = step * kSlots + r;
       const bool valid = slot < length;
-      const int64_t row = valid ? pool_row(table, slot, kv.page_size) : 0;
-      const uint16_t* key = kv.pool + key_offset(row, kv.page_size, D) + chunk * 8;
+      const uint16_t* key =
+          kv.pool + (valid ? slot_key_offset(table, slot, kv.page_size, D) : 0) + chunk * 8;
       const int at = stage * kSlots * D + swizzled<D>(r, chunk);
       cp_async_16(shared_address(k_tiles + at), key, valid);
       cp_async_16(shared_address(v_tiles + at), key + static_cast<int64_t>(kv.page_size) * D,
