@@ -28,4 +28,5 @@ RUN
 }
 common="$lib/libfmt.so.9 $lib/libgomp.so.1 $lib/libsentencepiece.so.0"
 pack device-test "$root/build-cuda/tests/test_backend_cuda" $common
-pack device-cli "$root/build-cuda/src/cli/ekva" $common $lib/libicuuc.so.72 $lib/libicudata.so.72
+pack device-cli "$root/build-cuda/src/cli/ekva" $common $lib/libicuuc.so.72 $lib/libicudata.so.72 \
+  $lib/libcpp-httplib.so.0.11
