@@ -60,7 +60,7 @@ void paged_attention(const PagedKvLayer& kv, const PagedAttention& attention, cu
 // paged_attention's outputs (not its scores) on the tensor cores, for steps with runs of a
 // sequence's tokens: tiles[2i] is the first token of tile i and tiles[2i + 1] its count, at most
 // kPrefillTileTokens tokens of one sequence. head_dim 32, 64 or 128 (prefill_attention_supported).
-inline constexpr int kPrefillTileTokens = 64;
+inline constexpr int kPrefillTileTokens = 128;
 struct PrefillAttention {
   const float* q = nullptr;
   const int32_t* sequences = nullptr;

@@ -1,8 +1,8 @@
 // Attention of runs of one sequence's tokens over the paged KV pool on the tensor cores: one CTA
-// per (tile of up to 64 consecutive tokens, query head), four warps of 16 query rows, 64 slots per
-// step with an online softmax (S = QK^T and O = PV as bf16 mma with fp32 accumulators), the next
-// slots' K and V copied into shared memory while the current ones are multiplied. Causal by each
-// slot's stored position, as paged_attention.
+// per (tile of up to kPrefillTileTokens consecutive tokens, query head), a warp per 16 query rows,
+// 64 slots per step with an online softmax (S = QK^T and O = PV as bf16 mma with fp32
+// accumulators), the next slots' K and V copied into shared memory while the current ones are
+// multiplied. Causal by each slot's stored position, as paged_attention.
 #include <cuda_bf16.h>
 
 #include <climits>
@@ -18,8 +18,8 @@
 namespace ekva::cuda {
 namespace {
 
-constexpr int kThreads = 128;
-constexpr int kSlots = 64;  // per step of the slot loop
+constexpr int kThreads = 2 * kPrefillTileTokens;  // a warp per 16 query rows
+constexpr int kSlots = 64;                        // per step of the slot loop
 
 // Element offset of 16-byte chunk `chunk` of row `row` in a [rows][head_dim] bf16 tile. Chunks are
 // XOR-swizzled by the row so that the eight row addresses of an ldmatrix fall in distinct banks
