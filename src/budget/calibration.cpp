@@ -123,10 +123,10 @@ class StatsObserver : public ForwardObserver {
 };
 
 // Every position's logits of one chunk, prefilled from position 0 with full KV.
-std::vector<float> run_chunk(const Model& model, const std::vector<int32_t>& chunk,
-                             ForwardObserver* observer, int disabled_layer = -1,
-                             int disabled_expert = -1) {
-  Engine engine(model);
+std::vector<float> run_chunk(const Model& model, const EngineOptions& options,
+                             const std::vector<int32_t>& chunk, ForwardObserver* observer,
+                             int disabled_layer = -1, int disabled_expert = -1) {
+  Engine engine(model, options);
   engine.backend().disable_expert(disabled_layer, disabled_expert);
   return engine.prefill(0, chunk, /*all_logits=*/true, observer);
 }
@@ -203,7 +203,8 @@ CalibrationStats calibrate(const Model& model, const std::vector<std::vector<int
            "calibration chunk of {} tokens exceeds the model's context of {}", chunks[c].size(),
            s.max_position);
     }
-    loss += next_token_loss(run_chunk(model, chunks[c], &observer), chunks[c], s.vocab_size);
+    loss += next_token_loss(run_chunk(model, options.engine, chunks[c], &observer), chunks[c],
+                            s.vocab_size);
     st.tokens += static_cast<int64_t>(chunks[c].size());
     if (progress) progress(static_cast<int>(c + 1), static_cast<int>(chunks.size()), "statistics");
   }
@@ -223,7 +224,8 @@ CalibrationStats calibrate(const Model& model, const std::vector<std::vector<int
       for (int e = 0; e < s.num_experts; ++e) {
         double ablated = 0.0;
         for (const auto& chunk : chunks)
-          ablated += next_token_loss(run_chunk(model, chunk, nullptr, l, e), chunk, s.vocab_size);
+          ablated += next_token_loss(run_chunk(model, options.engine, chunk, nullptr, l, e), chunk,
+                                     s.vocab_size);
         st.loss_contribution[st.le(l, e)] = ablated / chunks.size() - st.base_loss;
         if (progress) progress(++done, passes, "ablation");
       }

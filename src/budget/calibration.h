@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/engine.h"
 #include "model/model.h"
 
 namespace ekva {
@@ -21,6 +22,7 @@ struct CalibrationOptions {
   int min_keys = 32;       // queries that see fewer keys are skipped
   bool ablation =
       false;  // measure each expert's loss contribution (one extra pass per layer and expert)
+  EngineOptions engine;  // where the passes run (the backend) and how K/V are stored
 };
 
 struct CalibrationStats {

@@ -4,6 +4,7 @@
 
 #include "budget/calibration.h"
 #include "cli/commands.h"
+#include "cli/device_args.h"
 #include "core/error.h"
 #include "io/atomic_file.h"
 #include "io/json_file.h"
@@ -20,6 +21,7 @@ struct CalibrateArgs {
   bool ablation = false;
   std::string out;
   bool json = false;
+  DeviceArgs device;
 };
 
 std::vector<std::vector<int32_t>> chunks_of(const CalibrateArgs& a, const Tokenizer& tokenizer,
@@ -58,6 +60,7 @@ int run_calibrate(const CalibrateArgs& a) {
   CalibrationOptions options;
   options.chunk_tokens = a.chunk;
   options.ablation = a.ablation;
+  use_device(a.device, "", options.engine);
   const CalibrationStats stats =
       calibrate(*model, chunks, options, [](int done, int total, const std::string& pass) {
         fmt::print(stderr, "\rcalibrate {:<10} [{:<30}] {}/{}", pass,
@@ -95,6 +98,7 @@ void add_calibrate(CLI::App& app, Action& action) {
                 "Also measure each expert's loss contribution (extra passes)");
   cmd->add_option("--out", a->out, "Statistics JSON to write")->required();
   cmd->add_flag("--json", a->json, "Print a JSON summary");
+  add_device_option(cmd, a->device);
   cmd->callback([&action, a] { action = [a] { return run_calibrate(*a); }; });
 }
 

@@ -50,7 +50,10 @@ int run_demo(const DemoArgs& a) {
   // 1. Calibration on held-out text that the evaluation never uses (data/calibration/README.md).
   const fs::path calibration_file = repository_path(a.calibration);
   const std::vector<int32_t> ids = tokenizer->encode(read_text_file(calibration_file), false);
+  EngineOptions engine_options;
+  const std::string device = use_device(a.device, "", engine_options);
   CalibrationOptions calibration_options;
+  calibration_options.engine = engine_options;
   const auto chunks =
       calibration_chunks(ids, calibration_options.chunk_tokens, a.calibration_tokens);
   const size_t chunk = calibration_options.chunk_tokens;
@@ -87,8 +90,6 @@ int run_demo(const DemoArgs& a) {
   fmt::print(stderr, "[3/3] answering a {}-token passkey prompt under {} policies\n", prefix.size(),
              policies.size());
   const int max_new = static_cast<int>(tokenizer->encode(instance.answer, false).size()) + 2;
-  EngineOptions engine_options;
-  const std::string device = use_device(a.device, "", engine_options);
   const std::vector<PolicyOutcome> outcomes =
       run_policies(*model, prefix, suffix, policies, max_new, engine_options);
 

@@ -1,5 +1,6 @@
 #pragma once
-// --device: which backend runs a command's engines (generate, forward, eval, demo).
+// --device: which backend runs a command's engines (generate, forward, eval, calibrate, demo,
+// serve).
 #include <CLI/CLI.hpp>
 #include <string>
 

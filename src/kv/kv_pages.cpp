@@ -1,5 +1,6 @@
 #include "kv/kv_pages.h"
 
+#include <algorithm>
 #include <cstring>
 #include <new>
 
@@ -39,6 +40,20 @@ void KvPages::reserve(const KvLayout& layout) {
            bytes, pages_reserved());
     }
     chunks_.push_back(std::move(chunk));
+  }
+}
+
+void KvPages::copy_pages_from(std::span<const std::byte> bytes) {
+  const int64_t pages = static_cast<int64_t>(bytes.size() / page_bytes());
+  if (bytes.size() % page_bytes() != 0 || pages > pages_reserved()) {
+    fail(ErrorKind::kInvalidArgument,
+         "KV pages: {} bytes are not whole pages of {} bytes within the {} reserved", bytes.size(),
+         page_bytes(), pages_reserved());
+  }
+  for (int64_t first = 0; first < pages; first += kPagesPerChunk) {
+    const int64_t count = std::min<int64_t>(kPagesPerChunk, pages - first);
+    std::memcpy(chunks_[first / kPagesPerChunk].get(), bytes.data() + first * page_bytes(),
+                static_cast<size_t>(count) * page_bytes());
   }
 }
 

@@ -37,13 +37,16 @@ class KvPages {
   const float* value(SlotAddress at, float* scratch) const { return row(at, true, scratch); }
   // Applies a compaction's row moves, in order.
   void move_rows(std::span<const RowMove> moves);
+  // Bytes of one page, and every page below bytes.size() / page_bytes() overwritten with raw pages
+  // of this layout (a device pool's copy); the pages must be reserved.
+  size_t page_bytes() const { return 2 * static_cast<size_t>(page_size_) * row_bytes_size(); }
+  void copy_pages_from(std::span<const std::byte> bytes);
 
  private:
   static constexpr int kPagesPerChunk = 256;
   std::byte* row_bytes(SlotAddress at, bool value) const;
   const float* row(SlotAddress at, bool value, float* scratch) const;
   size_t row_bytes_size() const { return static_cast<size_t>(head_dim_) * dtype_size(dtype_); }
-  size_t page_bytes() const { return 2 * static_cast<size_t>(page_size_) * row_bytes_size(); }
 
   DType dtype_;
   int head_dim_;

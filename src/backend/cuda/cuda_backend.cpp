@@ -7,6 +7,7 @@
 #include "backend/cuda/kv_ops.h"
 #include "backend/cuda/model_ops.h"
 #include "core/error.h"
+#include "kv/kv_pages.h"
 
 namespace ekva::cuda {
 namespace {
@@ -368,7 +369,19 @@ void CudaBackend::host_routed_experts(int layer, int moe_index, const StepPlan& 
     }
   }
   if (observer != nullptr) {
-    observer->on_layer_routed(layer, batch, layout, nullptr, nullptr, experts.data(), gates.data(),
+    // The observer reads K/V and the queries on the host: a copy of every page in use and of
+    // this layer's post-RoPE queries (calibration, which is not timed).
+    KvPages pages(layout);
+    pages.reserve(layout);
+    std::vector<std::byte> pool(pages.page_bytes() * layout.page_high_water());
+    std::vector<float> q(static_cast<size_t>(n) * s.q_dim());
+    EKVA_CUDA_CHECK(
+        cudaMemcpyAsync(pool.data(), pool_.data(), pool.size(), cudaMemcpyDeviceToHost, stream_));
+    EKVA_CUDA_CHECK(cudaMemcpyAsync(q.data(), q_.data(), q.size() * sizeof(float),
+                                    cudaMemcpyDeviceToHost, stream_));
+    EKVA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    pages.copy_pages_from(pool);
+    observer->on_layer_routed(layer, batch, layout, &pages, q.data(), experts.data(), gates.data(),
                               k);
   }
   std::vector<int32_t> sorted_rows;

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "budget/calibration.h"
 #include "core/error.h"
 #include "io/repository.h"
 #include "io/safetensors.h"
@@ -184,6 +185,37 @@ TEST_F(CudaEngineTest, GroupedExpertsMatchTheHostRoutedPath) {
       }
     }
   }
+}
+
+// Calibration on the GPU (its observer gets a host copy of the pages and this layer's queries)
+// measures what the CPU measures, up to bf16 weights and K/V: the same observation queries, a
+// loss within 2%, routing counts within 5% and retention curves within 0.02 on average.
+TEST_F(CudaEngineTest, CalibrationMatchesTheCpu) {
+  const std::vector<std::vector<int32_t>> chunks = {prompt(testing::small_sizes() ? 64 : 256, 5)};
+  CalibrationOptions cpu;
+  cpu.chunk_tokens = static_cast<int>(chunks[0].size());
+  CalibrationOptions gpu = cpu;
+  gpu.engine = gpu_options();
+  const CalibrationStats want = calibrate(*model_, chunks, cpu);
+  const CalibrationStats got = calibrate(*model_, chunks, gpu);
+  EXPECT_EQ(got.queries, want.queries);
+  EXPECT_NEAR(got.base_loss, want.base_loss, 0.02 * want.base_loss);
+  double routing_diff = 0.0, routing_total = 0.0;
+  for (size_t i = 0; i < want.routing_topk.size(); ++i) {
+    routing_diff += std::abs(got.routing_topk[i] - want.routing_topk[i]);
+    routing_total += want.routing_topk[i];
+  }
+  RecordProperty("routing_difference", std::to_string(routing_diff / routing_total));
+  EXPECT_LE(routing_diff, 0.05 * routing_total);
+  double retention_diff = 0.0;
+  for (size_t i = 0; i < want.retention_sum.size(); ++i) {
+    const size_t lh = i / (want.grid.size() * want.num_experts);
+    if (want.queries[lh] > 0)
+      retention_diff += std::abs(got.retention_sum[i] - want.retention_sum[i]) / want.queries[lh];
+  }
+  retention_diff /= static_cast<double>(want.retention_sum.size());
+  RecordProperty("mean_retention_difference", std::to_string(retention_diff));
+  EXPECT_LE(retention_diff, 0.02);
 }
 
 // A clone of a prefilled engine (eval compares policies on one prefill) continues exactly as the
