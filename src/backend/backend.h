@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "arch/model_spec.h"
@@ -109,6 +110,11 @@ class Backend {
                                  ForwardObserver* observer) = 0;
   // Executes an eviction: pools scores, selects exactly as select_evictions does, and compacts.
   virtual void apply(const EvictionPlan& plan, KvLayout& layout) = 0;
+  // The evictions of several distinct sequences (a decode step's), with the result of applying
+  // each in turn; a backend may execute them in one pass.
+  virtual void apply_all(std::span<const EvictionPlan> plans, KvLayout& layout) {
+    for (const EvictionPlan& plan : plans) apply(plan, layout);
+  }
   // Drops one routed expert's output at one layer (calibration's loss-contribution ablation);
   // layer -1 restores the model.
   virtual void disable_expert(int layer, int expert) = 0;

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/model_args.h"
 #include "core/error.h"
-#include "io/model_config.h"
 #include "roofline/cost_model.h"
 #include "roofline/hardware.h"
 #ifdef EKVA_WITH_CUDA
@@ -25,8 +25,7 @@ namespace ekva::cli {
 namespace {
 
 struct BenchArgs {
-  std::string model;
-  std::optional<uint64_t> random_seed;
+  ModelArgs model;
   std::vector<int> batches{1};
   std::vector<int> contexts{4096};
   std::vector<double> budgets{1.0};
@@ -56,13 +55,11 @@ int64_t pages_for(int64_t tokens, int page_size) {
 
 // A layout of `sequences` sequences with room for `tokens` tokens each, and its backend.
 struct Cache {
-  Cache(const ModelSpec& spec, int sequences, int64_t tokens,
-        const std::shared_ptr<const cuda::DeviceModel>& weights)
-      : layout(spec, sequences, KvFormat{16, DType::kBF16},
-               static_cast<int64_t>(sequences) * spec.num_layers * spec.num_kv_heads *
-                   pages_for(tokens, 16)) {
-    size_t free_bytes = 0, total_bytes = 0;
-    EKVA_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  Cache(const DeviceWeights& weights, int sequences, int64_t tokens)
+      : layout(weights.model->spec(), sequences, KvFormat{16, DType::kBF16},
+               static_cast<int64_t>(sequences) * weights.model->spec().num_layers *
+                   weights.model->spec().num_kv_heads * pages_for(tokens, 16)) {
+    const size_t free_bytes = cuda::device_memory().free_bytes;
     const size_t need = cuda::kv_pool_device_bytes(layout);
     if (need > free_bytes) {
       fail(ErrorKind::kOutOfMemory,
@@ -70,10 +67,10 @@ struct Cache {
            "free beside the weights",
            sequences, tokens, need, free_bytes);
     }
-    backend = std::make_unique<cuda::CudaBackend>(weights, layout);
+    backend = weights.backend(*weights.model, layout);
   }
   KvLayout layout;
-  std::unique_ptr<cuda::CudaBackend> backend;
+  std::unique_ptr<Backend> backend;
 };
 
 // A token id that varies with the sequence and the position, so that a batch routes as text does
@@ -111,28 +108,19 @@ int run_bench(const BenchArgs& a) {
   if (!cuda::device_available()) {
     fail(ErrorKind::kUnsupported, "bench: no CUDA device is present (bench times the GPU engine)");
   }
-  const ModelSpec spec = load_model_config(a.model);
   const HardwareSpec hw = find_hardware(a.hw);
-  std::unique_ptr<Model> model;
-  std::shared_ptr<const cuda::DeviceModel> weights;
-  const auto upload_start = Clock::now();
-  if (a.random_seed) {
-    weights = std::make_shared<const cuda::DeviceModel>(spec, *a.random_seed, 0, a.model);
-  } else {
-    model = Model::load(a.model);
-    weights = std::make_shared<const cuda::DeviceModel>(*model, 0);
-  }
-  const double upload_s = seconds_since(upload_start);
+  const DeviceWeights weights = weights_on_device(a.model, 0);
+  const ModelSpec& spec = weights.model->spec();
   if (!a.json) {
-    fmt::print(stderr, "{}: {} bytes of weights on the device in {:.1f} s ({})\n", a.model,
-               weights->bytes(), upload_s, a.random_seed ? "random" : "checkpoint");
+    fmt::print(stderr, "{}: {} bytes of weights on the device in {:.1f} s ({})\n", a.model.model,
+               weights.bytes, weights.seconds, weights.random ? "random" : "checkpoint");
   }
   nlohmann::json decode = nlohmann::json::array();
   for (const int batch : a.batches) {
     for (const int context : a.contexts) {
       for (const double budget : a.budgets) {
         const int64_t kept = std::max<int64_t>(1, std::llround(std::min(budget, 1.0) * context));
-        Cache cache(spec, batch, kept + a.warmup + a.steps, weights);
+        Cache cache(weights, batch, kept + a.warmup + a.steps);
         // The kept tokens of a context of `context` (their K/V are zeros: decode reads the same
         // bytes whatever they hold); the next token takes position `context`.
         for (int s = 0; s < batch; ++s) {
@@ -171,7 +159,7 @@ int run_bench(const BenchArgs& a) {
   }
   nlohmann::json prefill;
   if (a.prompt > 0) {
-    Cache cache(spec, 1, a.prompt, weights);
+    Cache cache(weights, 1, a.prompt);
     std::vector<double> times;
     for (int i = 0; i < a.warmup + a.steps; ++i) {
       cache.layout.clear_sequence(0);
@@ -201,9 +189,9 @@ int run_bench(const BenchArgs& a) {
     }
   }
   if (a.json) {
-    const nlohmann::json report = {{"model", a.model},
-                                   {"weights", a.random_seed ? "random" : "checkpoint"},
-                                   {"weight_bytes", weights->bytes()},
+    const nlohmann::json report = {{"model", a.model.model},
+                                   {"weights", weights.random ? "random" : "checkpoint"},
+                                   {"weight_bytes", weights.bytes},
                                    {"hardware", a.hw},
                                    {"steps", a.steps},
                                    {"decode", decode},
@@ -230,10 +218,7 @@ void add_bench(CLI::App& app, Action& action) {
       "bench",
       "Time prefill and decode steps of the GPU engine beside the Roofline model's prediction");
   auto a = std::make_shared<BenchArgs>();
-  cmd->add_option("--model", a->model, "Model directory, or a config.json with --random-weights")
-      ->required();
-  cmd->add_option("--random-weights", a->random_seed,
-                  "Seeded random weights made on the device instead of the checkpoint's");
+  add_model_options(cmd, a->model, "Model directory, or a config.json with --random-weights");
   cmd->add_option("--batch", a->batches, "Comma-separated decode batch sizes")
       ->delimiter(',')
       ->check(CLI::Range(1, 4096))

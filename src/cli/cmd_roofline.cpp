@@ -14,6 +14,7 @@
 #include "roofline/memory_model.h"
 #include "roofline/report.h"
 #include "roofline/search.h"
+#include "roofline/serving.h"
 #include "roofline/svg_chart.h"
 
 namespace ekva::cli {
@@ -54,6 +55,16 @@ struct SearchArgs {
   std::vector<double> fractions;
   int64_t batch_limit = 4096;
   double knee_threshold = 0.05;
+};
+
+struct ServeArgs {
+  CommonArgs common;
+  double kv_memory = 0;
+  int64_t prompt_tokens = 0;
+  int64_t max_tokens = 64;
+  std::vector<double> budgets{1.0, 0.5, 0.2, 0.1};
+  int page_size = 16;
+  int64_t max_sequences = 0;
 };
 
 void add_common(CLI::App* cmd, CommonArgs& a) {
@@ -379,6 +390,111 @@ int run_search(const SearchArgs& a) {
   return 0;
 }
 
+int run_serve_prediction(const ServeArgs& a) {
+  const CommonArgs& c = a.common;
+  if (c.model.empty()) fail(ErrorKind::kInvalidArgument, "--model is required");
+  if (!(a.kv_memory > 0)) fail(ErrorKind::kInvalidArgument, "--kv-memory is required");
+  if (a.prompt_tokens < 1) fail(ErrorKind::kInvalidArgument, "--prompt-tokens is required");
+  const ModelSpec spec = load_model_config(c.model);
+  const HardwareSpec hw = resolve_hardware(c);
+  if (a.prompt_tokens + a.max_tokens > spec.max_position) {
+    fail(ErrorKind::kInvalidArgument,
+         "--prompt-tokens {} and --max-tokens {} exceed the model's context of {} (the server "
+         "refuses such requests)",
+         a.prompt_tokens, a.max_tokens, spec.max_position);
+  }
+  ServingConfig config;
+  config.kv_memory_bytes = a.kv_memory;
+  config.prompt_tokens = a.prompt_tokens;
+  config.max_tokens = a.max_tokens;
+  config.page_size = a.page_size;
+  config.max_sequences = a.max_sequences;
+  config.base = base_workload(spec, c);
+  std::vector<ServingPrediction> points;
+  for (const double budget : a.budgets) {
+    if (!(budget > 0) || budget > 1) {
+      fail(ErrorKind::kInvalidArgument, "--budgets: {} is not a fraction in (0, 1]", budget);
+    }
+    config.budget = budget;
+    points.push_back(predict_serving(spec, hw, config, c.datasheet));
+  }
+  const auto gain = [&](size_t i) {
+    return points[0].tokens_per_s > 0 ? points[i].tokens_per_s / points[0].tokens_per_s : 0.0;
+  };
+  if (c.json) {
+    nlohmann::json rows = nlohmann::json::array();
+    for (size_t i = 0; i < points.size(); ++i) {
+      const ServingPrediction& p = points[i];
+      const StepCost& st = p.step;
+      nlohmann::json row = {
+          {"budget", a.budgets[i]},     {"sequences", p.sequences},
+          {"limited_by", p.limited_by}, {"admit_pages", p.admit_pages},
+          {"kept_pages", p.kept_pages}, {"kv_bytes_per_sequence", p.kept_pages * p.page_bytes},
+          {"context", p.context},       {"kept_tokens", p.kept_tokens},
+          {"step_ms", 1e3 * st.time_s}, {"tokens_per_s", p.tokens_per_s},
+          {"gain_over_full", gain(i)}};
+      if (p.sequences > 0) {
+        // The step at other batches, for a measured batch that differs from the predicted one.
+        nlohmann::json by_batch = nlohmann::json::array();
+        ServingConfig at = config;
+        at.budget = a.budgets[i];
+        const int64_t most = std::min<int64_t>(p.sequences + p.sequences / 2 + 8, 4096);
+        for (int64_t batch = 1; batch <= most; ++batch) {
+          by_batch.push_back(1e3 * serving_step(spec, hw, at, batch, c.datasheet).time_s);
+        }
+        row["step_ms_by_batch"] = by_batch;
+        row["bound"] = std::string(bound_name(st.bound));
+        row["split"] = {{"weights", st.weight_time_s / st.time_s},
+                        {"kv", st.kv_time_s / st.time_s},
+                        {"activations", st.activation_time_s / st.time_s},
+                        {"compute", st.compute_time_s / st.time_s},
+                        {"latency", st.latency_time_s / st.time_s}};
+      }
+      rows.push_back(row);
+    }
+    const nlohmann::json j = {{"model", c.model},
+                              {"hardware", hw.name},
+                              {"profile", hw.measured && !c.datasheet ? "measured" : "datasheet"},
+                              {"kv_dtype", std::string(number_format_name(config.base.kv_format))},
+                              {"kv_memory_bytes", a.kv_memory},
+                              {"capacity_pages", points.empty() ? 0 : points[0].capacity_pages},
+                              {"page_bytes", points.empty() ? 0.0 : points[0].page_bytes},
+                              {"prompt_tokens", a.prompt_tokens},
+                              {"max_tokens", a.max_tokens},
+                              {"page_size", a.page_size},
+                              {"max_sequences", a.max_sequences},
+                              {"points", rows}};
+    fmt::print("{}\n", j.dump(2));
+    return 0;
+  }
+  fmt::print("model     {}\n", model_line(spec, config.base));
+  fmt::print("hardware  {}\n", hardware_line(hw, hw.ceilings(c.datasheet), c.datasheet));
+  fmt::print(
+      "server    {:.2f} GiB of KV pages ({} of {} tokens), prompts of {} tokens, {} generated "
+      "each{}\n\n",
+      a.kv_memory / kGiB, points.empty() ? 0 : points[0].capacity_pages, a.page_size,
+      a.prompt_tokens, a.max_tokens,
+      a.max_sequences > 0 ? fmt::format(", {} sequences at most", a.max_sequences) : "");
+  fmt::print("{:>7} {:>11} {:>11} {:>10} {:>10} {:>10} {:>12} {:>8} {:>8}  {}\n", "budget",
+             "admit MiB", "kept MiB", "sequences", "KV read", "step ms", "tokens/s", "vs full",
+             "bound", "limited by");
+  for (size_t i = 0; i < points.size(); ++i) {
+    const ServingPrediction& p = points[i];
+    const double mib = p.page_bytes / (1024.0 * 1024.0);
+    fmt::print("{:>7g} {:>11.1f} {:>11.1f} {:>10} {:>10.0f} {:>10.3f} {:>12.0f} {:>8} {:>8}  {}\n",
+               a.budgets[i], static_cast<double>(p.admit_pages) * mib,
+               static_cast<double>(p.kept_pages) * mib, p.sequences, p.kept_tokens,
+               1e3 * p.step.time_s, p.tokens_per_s,
+               gain(i) > 0 ? fmt::format("{:.2f}x", gain(i)) : "-",
+               p.sequences > 0 ? std::string(bound_name(p.step.bound)) : "-", p.limited_by);
+  }
+  fmt::print(
+      "\nA request reserves its full cache until its prompt is compressed, then what its budget "
+      "keeps; once the memory is full one request is prefilled beside the others. KV read: "
+      "tokens each (layer, KV head) attention reads per step, on average.\n");
+  return 0;
+}
+
 }  // namespace
 
 void add_roofline(CLI::App& app, Action& action) {
@@ -417,9 +533,46 @@ void add_roofline(CLI::App& app, Action& action) {
                    "A smaller budget must gain more than this fraction to pay")
       ->capture_default_str();
 
-  cmd->callback([&action, search, args, sargs] {
+  auto* serve = cmd->add_subcommand(
+      "serve",
+      "Predict the sequences a server's fixed KV memory holds at each budget and their decode "
+      "throughput (ekva serve's admission rule)");
+  auto vargs = std::make_shared<ServeArgs>();
+  {
+    CommonArgs& c = vargs->common;
+    serve->add_option("--model", c.model, "Model directory or config.json alone");
+    serve->add_option("--hw", c.hw, "Hardware: a name in data/hardware or a path to a JSON file");
+    serve->add_option("--hw-file", c.hw_file, "Hardware spec JSON file");
+    serve->add_option("--kv-dtype", c.kv_dtype, "KV cache format (the CUDA engine stores bf16)")
+        ->capture_default_str();
+    serve->add_option("--routing", c.routing, "Measured routing (as for ekva roofline)");
+    serve->add_flag("--datasheet", c.datasheet, "Ignore the measured profile of the hardware file");
+    serve->add_flag("--json", c.json, "Print one JSON object");
+  }
+  serve->add_option("--kv-memory", vargs->kv_memory, "Bytes of KV pages (serve --kv-memory)");
+  serve->add_option("--prompt-tokens", vargs->prompt_tokens, "Tokens per prompt");
+  serve->add_option("--max-tokens", vargs->max_tokens, "Tokens generated per request")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  serve
+      ->add_option("--budgets", vargs->budgets,
+                   "Comma-separated shares of the prompt each sequence keeps (1: full KV)")
+      ->delimiter(',')
+      ->capture_default_str();
+  serve->add_option("--page-size", vargs->page_size, "Tokens per KV page")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  serve
+      ->add_option("--max-sequences", vargs->max_sequences,
+                   "The server's --max-sequences (0: no limit)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+
+  cmd->callback([&action, search, serve, args, sargs, vargs] {
     if (search->parsed()) {
       action = [sargs] { return run_search(*sargs); };
+    } else if (serve->parsed()) {
+      action = [vargs] { return run_serve_prediction(*vargs); };
     } else {
       action = [args] { return run_predict(*args); };
     }

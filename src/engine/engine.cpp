@@ -183,9 +183,12 @@ std::vector<float> Engine::decode(std::span<const int> seqs, std::span<const int
   }
   if (!scores) batch.score_query.clear();
   std::vector<float> logits = step(batch);
+  // Each sequence's plan reads its own tables only, so the step's evictions run in one pass.
+  std::vector<EvictionPlan> plans;
   for (const int seq : seqs) {
-    if (policies_[seq]) backend_->apply(policies_[seq]->evict(layout_, seq), layout_);
+    if (policies_[seq]) plans.push_back(policies_[seq]->evict(layout_, seq));
   }
+  if (!plans.empty()) backend_->apply_all(plans, layout_);
   return logits;
 }
 

@@ -48,7 +48,12 @@ Mlp read_mlp(const WeightReader& w, const std::string& prefix, const char* gate,
 }  // namespace
 
 Model::Model(const std::filesystem::path& dir, ModelSpec spec)
-    : dir_(dir), spec_(std::move(spec)), store_(dir) {}
+    : dir_(dir), spec_(std::move(spec)) {}
+
+std::unique_ptr<Model> Model::without_weights(const ModelSpec& spec,
+                                              const std::filesystem::path& source) {
+  return std::unique_ptr<Model>(new Model(source, spec));
+}
 
 std::unique_ptr<Model> Model::load(const std::filesystem::path& dir) {
   std::error_code ec;
@@ -59,7 +64,8 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir) {
   if (!is_dir) fail(ErrorKind::kNotFound, "{}: not a model directory", dir.string());
   std::unique_ptr<Model> m(new Model(dir, load_model_config(dir)));
   const ModelSpec& s = m->spec_;
-  const WeightReader w(m->store_);
+  m->store_.emplace(dir);
+  const WeightReader w(*m->store_);
   const int h = s.hidden_size;
   m->embed_ = w.matrix("model.embed_tokens.weight", s.vocab_size, h);
   m->lm_head_ = s.tie_embeddings && !w.has("lm_head.weight")
@@ -113,6 +119,7 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir) {
 }
 
 size_t Model::active_weight_bytes_per_token() const {
+  if (!has_weights()) return 0;
   size_t bytes = lm_head_.bytes() + embed_.bytes() / static_cast<size_t>(spec_.vocab_size);
   auto mlp_bytes = [](const Mlp& m) { return m.gate.bytes() + m.up.bytes() + m.down.bytes(); };
   for (int l = 0; l < spec_.num_layers; ++l) {

@@ -52,7 +52,9 @@ std::vector<int32_t> prompt_field(const json& value, const CompletionLimits& lim
   const ModelSpec& s = *limits.spec;
   if (value.is_string()) {
     if (limits.tokenizer == nullptr) {
-      throw FieldError("prompt", "'prompt': the model has no tokenizer; send token ids");
+      throw FieldError("prompt",
+                       "'prompt': this server has no tokenizer (random weights, or a checkpoint "
+                       "without one); send the prompt as an array of token ids");
     }
     try {
       return limits.tokenizer->encode(value.get<std::string>(), true);

@@ -27,21 +27,56 @@ struct Timing {
   int64_t tokens = 0;
 };
 
-std::unique_ptr<httplib::Client> connect(const std::string& url) {
+std::unique_ptr<httplib::Client> connect(const std::string& url, int timeout_s) {
   auto client = std::make_unique<httplib::Client>(url);
   if (!client->is_valid()) fail(ErrorKind::kInvalidArgument, "--url: '{}' is not a valid URL", url);
   // A request can wait in the server's queue behind all the others.
-  client->set_read_timeout(std::chrono::minutes(10));
+  client->set_read_timeout(std::chrono::seconds(timeout_s));
   return client;
 }
 
-// One streamed completion; its timing, or an error message.
-std::optional<std::string> stream_one(httplib::Client& client, const json& body, Timing& timing) {
+// The server's metrics now; none when it has no /metrics that parses.
+std::optional<std::map<std::string, double>> scrape(httplib::Client& client) {
+  const httplib::Result res = client.Get("/metrics");
+  if (!res || res->status != 200) return std::nullopt;
+  std::map<std::string, double> values = parse_metrics(res->body);
+  if (!values.contains("ekva_generated_tokens_total")) return std::nullopt;
+  return values;
+}
+
+ServerMetrics server_metrics(const std::map<std::string, double>& before,
+                             const std::map<std::string, double>& after) {
+  const auto at = [](const std::map<std::string, double>& m, const char* name) {
+    const auto it = m.find(name);
+    return it == m.end() ? 0.0 : it->second;
+  };
+  const auto count = [&](const char* name) {
+    return static_cast<int64_t>(std::llround(at(after, name)));
+  };
+  ServerMetrics s;
+  s.kv_capacity_pages = count("ekva_kv_pages_capacity");
+  s.kv_page_bytes = count("ekva_kv_page_bytes");
+  s.peak_running = count("ekva_running_sequences_peak");
+  s.peak_decode_batch = count("ekva_decode_batch_size_peak");
+  s.decode_steps = count("ekva_decode_steps_total") -
+                   static_cast<int64_t>(std::llround(at(before, "ekva_decode_steps_total")));
+  s.decode_tokens = count("ekva_decode_tokens_total") -
+                    static_cast<int64_t>(std::llround(at(before, "ekva_decode_tokens_total")));
+  s.decode_seconds =
+      at(after, "ekva_decode_seconds_total") - at(before, "ekva_decode_seconds_total");
+  s.peak_batch_steps = count("ekva_decode_peak_batch_steps");
+  s.peak_batch_seconds = at(after, "ekva_decode_peak_batch_seconds");
+  return s;
+}
+
+// One streamed completion of a JSON body; its timing, or an error message.
+std::optional<std::string> stream_one(httplib::Client& client, const std::string& body,
+                                      Timing& timing) {
   httplib::Request req;
   req.method = "POST";
   req.path = "/v1/completions";
   req.headers = {{"Content-Type", "application/json"}};
-  req.body = body.dump();
+  req.body = body;
   std::string pending;
   std::optional<std::string> error;
   const auto sent = Clock::now();
@@ -86,6 +121,25 @@ std::optional<std::string> stream_one(httplib::Client& client, const json& body,
 
 }  // namespace
 
+std::map<std::string, double> parse_metrics(std::string_view text) {
+  std::map<std::string, double> values;
+  while (!text.empty()) {
+    const size_t end = std::min(text.find('\n'), text.size());
+    const std::string line(text.substr(0, end));
+    text.remove_prefix(std::min(end + 1, text.size()));
+    if (line.empty() || line[0] == '#') continue;
+    const size_t space = line.find(' ');
+    if (space == std::string::npos || space == 0) continue;
+    const std::string name = line.substr(0, space);
+    if (name.find('{') != std::string::npos) continue;  // labelled samples are not read
+    try {
+      values[name] = std::stod(line.substr(space + 1));
+    } catch (const std::exception&) {  // not a number: skipped
+    }
+  }
+  return values;
+}
+
 double percentile(std::vector<double> values, double q) {
   if (values.empty()) return 0.0;
   std::sort(values.begin(), values.end());
@@ -95,11 +149,12 @@ double percentile(std::vector<double> values, double q) {
 }
 
 LoadgenResult run_loadgen(const LoadgenOptions& o) {
-  if (o.requests < 1 || o.concurrency < 1 || o.prompt_tokens < 1 || o.max_tokens < 1) {
+  if (o.requests < 1 || o.concurrency < 1 || o.prompt_tokens < 1 || o.max_tokens < 1 ||
+      o.timeout_s < 1) {
     fail(ErrorKind::kInvalidArgument,
-         "requests, concurrency, prompt tokens and max tokens must be >= 1");
+         "requests, concurrency, prompt tokens, max tokens and the timeout must be >= 1");
   }
-  const auto probe = connect(o.url);
+  const auto probe = connect(o.url, o.timeout_s);
   const httplib::Result models = probe->Get("/v1/models");
   if (!models) {
     fail(ErrorKind::kIo, "{}: cannot reach the server ({})", o.url,
@@ -114,22 +169,30 @@ LoadgenResult run_loadgen(const LoadgenOptions& o) {
     fail(ErrorKind::kInvalidFile, "{}/v1/models: no model with a vocab_size", o.url);
   }
 
-  // Every prompt is drawn before any is sent, so the workload does not depend on the timing.
+  // Every body is written before any is sent, so the workload does not depend on the timing and
+  // long prompts cost no time while requests are in flight: the ids as text, the other fields
+  // through the JSON writer.
   std::mt19937_64 rng(o.seed);
   std::uniform_int_distribution<int64_t> id(0, vocab - 1);
-  std::vector<json> bodies(o.requests);
+  std::vector<std::string> bodies(o.requests);
   for (int i = 0; i < o.requests; ++i) {
-    std::vector<int64_t> prompt(o.prompt_tokens);
-    for (int64_t& t : prompt) t = id(rng);
-    json& b = bodies[i];
-    b = {{"prompt", prompt},
-         {"max_tokens", o.max_tokens},
-         {"seed", o.seed + static_cast<uint64_t>(i)},
-         {"stream", true},
-         {"ignore_eos", true}};
-    if (o.kv_policy) b["kv_policy"] = *o.kv_policy;
-    if (o.kv_budget) b["kv_budget"] = *o.kv_budget;
+    json fields = {{"max_tokens", o.max_tokens},
+                   {"seed", o.seed + static_cast<uint64_t>(i)},
+                   {"stream", true},
+                   {"ignore_eos", true}};
+    if (o.kv_policy) fields["kv_policy"] = *o.kv_policy;
+    if (o.kv_budget) fields["kv_budget"] = *o.kv_budget;
+    std::string& b = bodies[i];
+    b.reserve(static_cast<size_t>(o.prompt_tokens) * 7 + 200);
+    b = "{\"prompt\": [";
+    for (int t = 0; t < o.prompt_tokens; ++t) {
+      if (t > 0) b += ',';
+      b += std::to_string(id(rng));
+    }
+    b += "], ";
+    b += fields.dump().substr(1);  // the other fields and the closing brace
   }
+  const std::optional<std::map<std::string, double>> before = scrape(*probe);
 
   LoadgenResult r;
   std::vector<Timing> timings(o.requests);
@@ -140,7 +203,7 @@ LoadgenResult run_loadgen(const LoadgenOptions& o) {
   std::vector<std::thread> workers;
   for (int w = 0; w < std::min(o.concurrency, o.requests); ++w) {
     workers.emplace_back([&] {
-      const auto client = connect(o.url);
+      const auto client = connect(o.url, o.timeout_s);
       for (int i; (i = next++) < o.requests;) {
         const std::optional<std::string> error = stream_one(*client, bodies[i], timings[i]);
         if (!error) {
@@ -154,6 +217,8 @@ LoadgenResult run_loadgen(const LoadgenOptions& o) {
   }
   for (std::thread& t : workers) t.join();
   r.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  const std::optional<std::map<std::string, double>> after = scrape(*probe);
+  if (before && after) r.server = server_metrics(*before, *after);
 
   std::vector<double> ttft, gaps;
   for (int i = 0; i < o.requests; ++i) {

@@ -162,6 +162,7 @@ void Scheduler::admit() {
     engine_.set_policy(a->seq, a->request.policy ? *a->request.policy : options_.policy);
     ++counters_.admitted;
     running_.push_back(std::move(a));
+    counters_.peak_running = std::max(counters_.peak_running, static_cast<int>(running_.size()));
   }
 }
 
@@ -221,7 +222,10 @@ bool Scheduler::decode_running() {
   if (batch.empty()) return false;
   const int vocab = spec().vocab_size;
   try {
+    const auto start = std::chrono::steady_clock::now();
     const std::vector<float> logits = engine_.decode(seqs, tokens);
+    count_decode(static_cast<int>(batch.size()),
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     for (size_t i = 0; i < batch.size(); ++i) {
       batch[i]->to_decode.reset();
       emit(*batch[i], batch[i]->sampler.sample(logits.data() + i * vocab, vocab));
@@ -234,12 +238,28 @@ bool Scheduler::decode_running() {
   return true;
 }
 
+void Scheduler::count_decode(int batch, double seconds) {
+  SchedulerStats& c = counters_;
+  ++c.decode_steps;
+  c.decode_tokens += static_cast<uint64_t>(batch);
+  c.decode_seconds += seconds;
+  if (batch > c.peak_decode_batch) {
+    c.peak_decode_batch = batch;
+    c.peak_batch_steps = 0;
+    c.peak_batch_seconds = 0.0;
+  }
+  if (batch == c.peak_decode_batch) {
+    ++c.peak_batch_steps;
+    c.peak_batch_seconds += seconds;
+  }
+}
+
 void Scheduler::step() {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   admit();
   const bool prefilled = prefill_next();
-  const bool decoded = decode_running();
+  const bool decoded = prefilled && options_.prefill_first ? false : decode_running();
   remove_finished();
   if (prefilled || decoded) {
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
@@ -252,6 +272,7 @@ void Scheduler::step() {
 SchedulerStats Scheduler::stats() const {
   SchedulerStats s = counters_;
   s.capacity_pages = capacity_pages_;
+  s.page_bytes = static_cast<int64_t>(engine_.layout().page_bytes());
   s.pages_in_use = static_cast<int64_t>(engine_.layout().pages_in_use());
   s.pages_reserved = pages_reserved_;
   s.queued = static_cast<int>(queue_.size());

@@ -4,7 +4,9 @@
 // in chunks (one chunk per iteration, so running decodes wait at most one chunk), compressed by the
 // request's own policy, and they join the batch that every iteration decodes in one engine step;
 // they leave when done. Sampling is generate's Sampler, so a request gives the tokens `ekva
-// generate` gives for the same prompt, seed and policy. Not thread-safe: one thread drives it.
+// generate` gives for the same prompt, seed and policy. With prefill_first, an iteration that
+// prefills decodes nothing, so that the batch grows to what the KV memory admits (throughput
+// measurements). Not thread-safe: one thread drives it.
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -26,8 +28,12 @@ enum class FinishReason { kLength, kStop, kCancelled, kError };
 const char* finish_reason_name(FinishReason reason);
 
 struct SchedulerOptions {
-  int max_sequences = 8;          // sequences decoded together at most
-  int prefill_chunk = 256;        // prompt tokens prefilled per iteration at most
+  int max_sequences = 8;    // sequences decoded together at most
+  int prefill_chunk = 256;  // prompt tokens prefilled per iteration at most
+  // No decode step while an admitted request has prompt left to prefill: running decodes wait for
+  // every prefill (and would starve under an endless stream of arrivals), and the decode batch
+  // reaches what the memory admits. Off: each iteration prefills one chunk and decodes.
+  bool prefill_first = false;
   KvFormat kv;                    // page size and stored element type
   int64_t kv_capacity_pages = 0;  // 0: every sequence at the model's full context
   BackendFactory backend;         // empty: the CPU backend
@@ -49,11 +55,14 @@ struct GenerationRequest {
 
 struct SchedulerStats {
   int64_t capacity_pages = 0;
+  int64_t page_bytes = 0;  // K and V of one page, at the stored element type
   int64_t pages_in_use = 0;
   int64_t pages_reserved = 0;  // what admitted requests can still need; never above capacity
   int queued = 0;
   int running = 0;            // admitted: prefilling or decoding
   int last_decode_batch = 0;  // sequences in the last decode step
+  int peak_running = 0;       // the most requests admitted at once
+  int peak_decode_batch = 0;  // the most sequences in one decode step
   uint64_t admitted = 0;      // requests that got a sequence
   uint64_t finished = 0;      // ended by length or stop
   uint64_t cancelled = 0;
@@ -63,6 +72,13 @@ struct SchedulerStats {
   uint64_t steps = 0;             // iterations that ran the engine
   double step_seconds = 0.0;      // summed over those iterations
   double last_step_seconds = 0.0;
+  // The engine's decode steps alone (their evictions included, prefill chunks not).
+  uint64_t decode_steps = 0;
+  uint64_t decode_tokens = 0;
+  double decode_seconds = 0.0;
+  // The decode steps at peak_decode_batch sequences (counted afresh when the peak rises).
+  uint64_t peak_batch_steps = 0;
+  double peak_batch_seconds = 0.0;
 };
 
 class Scheduler {
@@ -98,6 +114,8 @@ class Scheduler {
   void admit();
   bool prefill_next();
   bool decode_running();
+  // Counts a decode step of `batch` sequences that took `seconds`.
+  void count_decode(int batch, double seconds);
   // After a token was sampled: ends the request when it is done, else queues the token to decode.
   void emit(Active& a, int32_t token);
   void finish(Active& a, FinishReason reason, const std::string& message = {});

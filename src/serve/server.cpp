@@ -402,6 +402,7 @@ std::string format_metrics(const SchedulerStats& s, uint64_t rejected_requests) 
   metric("ekva_prompt_tokens_total", "counter", "Prompt tokens prefilled.", s.prompt_tokens);
   metric("ekva_generated_tokens_total", "counter", "Tokens generated.", s.generated_tokens);
   metric("ekva_kv_pages_capacity", "gauge", "KV pages the server may use.", s.capacity_pages);
+  metric("ekva_kv_page_bytes", "gauge", "Bytes of K and V one KV page holds.", s.page_bytes);
   metric("ekva_kv_pages_in_use", "gauge", "KV pages holding tokens.", s.pages_in_use);
   metric("ekva_kv_pages_free", "gauge", "KV pages not in use.", s.capacity_pages - s.pages_in_use);
   metric("ekva_kv_pages_reserved", "gauge", "KV pages admitted requests can still need.",
@@ -410,6 +411,20 @@ std::string format_metrics(const SchedulerStats& s, uint64_t rejected_requests) 
   metric("ekva_running_sequences", "gauge", "Requests prefilling or decoding.", s.running);
   metric("ekva_decode_batch_size", "gauge", "Sequences in the last decode step.",
          s.last_decode_batch);
+  metric("ekva_running_sequences_peak", "gauge", "The most requests admitted at once.",
+         s.peak_running);
+  metric("ekva_decode_batch_size_peak", "gauge", "The most sequences in one decode step.",
+         s.peak_decode_batch);
+  metric("ekva_decode_steps_total", "counter", "Engine decode steps.", s.decode_steps);
+  metric("ekva_decode_tokens_total", "counter", "Tokens decoded by engine decode steps.",
+         s.decode_tokens);
+  metric("ekva_decode_seconds_total", "counter",
+         "Time in engine decode steps (their evictions included).", s.decode_seconds);
+  metric("ekva_decode_peak_batch_steps", "gauge",
+         "Decode steps at the peak decode batch size (since it was reached).", s.peak_batch_steps);
+  metric("ekva_decode_peak_batch_seconds", "gauge",
+         "Time in decode steps at the peak decode batch size (since it was reached).",
+         s.peak_batch_seconds);
   metric("ekva_step_seconds_total", "counter", "Time spent in engine iterations.", s.step_seconds);
   metric("ekva_steps_total", "counter", "Engine iterations.", s.steps);
   metric("ekva_last_step_seconds", "gauge", "Duration of the last engine iteration.",

@@ -86,6 +86,41 @@ TEST_F(RooflineCli, SearchReportsTheBudgetAndBatch) {
   EXPECT_GT(j["points"].back()["batch"].get<int64_t>(), j["chosen"]["batch"].get<int64_t>());
 }
 
+TEST_F(RooflineCli, ServePredictsSequencesAndThroughputPerBudget) {
+  const std::string base = "roofline serve --model " + kMixtral +
+                           " --hw h200 --kv-memory 42949672960 --prompt-tokens 32704 "
+                           "--max-tokens 64";
+  const testing::CommandResult r = testing::run_ekva(base + " --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["capacity_pages"].get<int64_t>(), 40 * 131072);
+  EXPECT_EQ(j["profile"], "measured");
+  ASSERT_EQ(j["points"].size(), 4u);  // the default budgets 1, 0.5, 0.2, 0.1
+  EXPECT_EQ(j["points"][0]["budget"].get<double>(), 1.0);
+  EXPECT_EQ(j["points"][0]["sequences"].get<int64_t>(), 10);
+  EXPECT_EQ(j["points"][0]["gain_over_full"].get<double>(), 1.0);
+  for (size_t i = 1; i < 4; ++i) {
+    EXPECT_GT(j["points"][i]["sequences"].get<int64_t>(),
+              j["points"][i - 1]["sequences"].get<int64_t>());
+    EXPECT_GT(j["points"][i]["tokens_per_s"].get<double>(),
+              j["points"][i - 1]["tokens_per_s"].get<double>());
+  }
+  const testing::CommandResult text = testing::run_ekva(base + " --budgets 1,0.25");
+  ASSERT_EQ(text.code, 0) << text.out;
+  EXPECT_NE(text.out.find("sequences"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("0.25"), std::string::npos) << text.out;
+
+  const testing::CommandResult too_long =
+      testing::run_ekva("roofline serve --model " + kMixtral +
+                        " --hw h200 --kv-memory 1e10 --prompt-tokens 32768 --max-tokens 64");
+  EXPECT_EQ(too_long.code, 1);
+  EXPECT_NE(too_long.out.find("context of 32768"), std::string::npos) << too_long.out;
+  const testing::CommandResult no_memory =
+      testing::run_ekva("roofline serve --model " + kMixtral + " --hw h200 --prompt-tokens 100");
+  EXPECT_EQ(no_memory.code, 1);
+  EXPECT_NE(no_memory.out.find("--kv-memory"), std::string::npos) << no_memory.out;
+}
+
 TEST_F(RooflineCli, BadInputsFailWithAMessage) {
   testing::CommandResult r =
       testing::run_ekva("roofline --model " + kMixtral + " --hw no-such-gpu --context 10");

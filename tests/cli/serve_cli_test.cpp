@@ -48,15 +48,37 @@ INSTANTIATE_TEST_SUITE_P(Signals, ServeCli, ::testing::Values("INT", "TERM"));
 
 TEST(ServeCliHelp, ListsTheOptions) {
   const std::string out = shell(std::string(EKVA_BINARY) + " serve --help");
-  for (const char* option : {"--model", "--host", "--port", "--kv-memory", "--max-sequences",
-                             "--prefill-chunk", "--policy", "--budget", "--plan", "--device"}) {
+  for (const char* option :
+       {"--model", "--random-weights", "--host", "--port", "--kv-memory", "--max-sequences",
+        "--prefill-chunk", "--prefill-first", "--policy", "--budget", "--plan", "--device"}) {
     EXPECT_NE(out.find(option), std::string::npos) << option;
   }
   const std::string loadgen = shell(std::string(EKVA_BINARY) + " loadgen --help");
   for (const char* option : {"--url", "--requests", "--concurrency", "--prompt-tokens",
-                             "--max-tokens", "--seed", "--json"}) {
+                             "--max-tokens", "--seed", "--timeout", "--json"}) {
     EXPECT_NE(loadgen.find(option), std::string::npos) << option;
   }
+}
+
+// Random weights are made on a GPU: a server that would run on the CPU refuses them at once, before
+// reading anything, naming the option.
+TEST(ServeCliErrors, RandomWeightsOnTheCpuAreRefused) {
+  const std::string config = std::string(EKVA_FIXTURES) + "/configs/mixtral-8x7b/config.json";
+  const std::string out = shell(std::string(EKVA_BINARY) + " serve --model " + config +
+                                " --random-weights 1 --device cpu --port 0; echo exit=$?");
+  EXPECT_NE(out.find("--random-weights"), std::string::npos) << out;
+  EXPECT_NE(out.find("GPU"), std::string::npos) << out;
+  EXPECT_NE(out.find("exit=1"), std::string::npos) << out;
+  EXPECT_EQ(out.find("on http"), std::string::npos) << out;
+  const std::string bad_seed = shell(std::string(EKVA_BINARY) + " serve --model " + config +
+                                     " --random-weights x --device cpu; echo exit=$?");
+  EXPECT_NE(bad_seed.find("--random-weights"), std::string::npos) << bad_seed;
+  EXPECT_NE(bad_seed.find("exit=1"), std::string::npos) << bad_seed;
+  // A configuration without --random-weights has no weights to serve: the error says what to give.
+  const std::string no_weights =
+      shell(std::string(EKVA_BINARY) + " serve --model " + config + " --device cpu; echo exit=$?");
+  EXPECT_NE(no_weights.find("--random-weights SEED"), std::string::npos) << no_weights;
+  EXPECT_NE(no_weights.find("exit=1"), std::string::npos) << no_weights;
 }
 
 TEST(ServeCliErrors, AnUnreachableServerIsAnErrorNotAHang) {

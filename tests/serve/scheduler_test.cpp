@@ -9,6 +9,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "roofline/serving.h"
 
 namespace ekva::serve {
 namespace {
@@ -70,6 +71,7 @@ struct Case {
   std::string policy;
   std::optional<double> budget;
   int prefill_chunk;
+  bool prefill_first = false;
 };
 
 class SameTokensAsGenerate : public ::testing::TestWithParam<Case> {};
@@ -81,6 +83,7 @@ TEST_P(SameTokensAsGenerate, ForEveryRequestOfABatch) {
   SchedulerOptions o;
   o.max_sequences = 3;
   o.prefill_chunk = GetParam().prefill_chunk;
+  o.prefill_first = GetParam().prefill_first;
   o.policy.name = GetParam().policy;
   o.policy.budget = GetParam().budget;
   Scheduler s(*model, o);
@@ -112,11 +115,64 @@ TEST_P(SameTokensAsGenerate, ForEveryRequestOfABatch) {
 INSTANTIATE_TEST_SUITE_P(Policies, SameTokensAsGenerate,
                          ::testing::Values(Case{"full", std::nullopt, 1024},
                                            Case{"snapkv", 0.5, 1024}, Case{"ekva", 0.3, 1024},
-                                           Case{"snapkv", 0.5, 32}),
+                                           Case{"snapkv", 0.5, 32}, Case{"ekva", 0.3, 32, true}),
                          [](const auto& test) {
                            return test.param.policy + "_chunk" +
-                                  std::to_string(test.param.prefill_chunk);
+                                  std::to_string(test.param.prefill_chunk) +
+                                  (test.param.prefill_first ? "_prefill_first" : "");
                          });
+
+// Prefill first: every prompt the memory admits is prefilled before the batch decodes, so the
+// decode batch is what the KV memory holds, the count the Roofline's serving prediction makes
+// (predict_serving models this admission rule); the decode counters see every step.
+TEST(SchedulerPrefillFirst, TheBatchIsWhatTheMemoryHoldsAsTheServingPredictionSays) {
+  const auto model = Model::load(kModelDir);
+  const ModelSpec& spec = model->spec();
+  constexpr int kPrompt = 96, kTokens = 6, kRequests = 24;
+  for (const double budget : {1.0, 0.5, 0.25}) {
+    SCOPED_TRACE(budget);
+    SchedulerOptions o;
+    o.max_sequences = kRequests;
+    o.prefill_chunk = 32;
+    o.prefill_first = true;
+    o.policy = policy_named(budget < 1 ? "snapkv" : "full", budget);
+    Scheduler probe(*model, o);
+    o.kv_capacity_pages = 3 * probe.pages_to_admit(kPrompt, kTokens) + 11;
+    Scheduler s(*model, o);
+    std::vector<Outcome> out(kRequests);
+    for (int i = 0; i < kRequests; ++i) {
+      GenerationRequest r;
+      r.prompt = prompt_of(kPrompt, i);
+      r.max_tokens = kTokens;
+      r.stop_at_eos = false;
+      submit(s, r, out[i]);
+    }
+    run_until_idle(s);
+    ServingConfig c;
+    c.kv_memory_bytes = static_cast<double>(o.kv_capacity_pages * s.stats().page_bytes);
+    c.prompt_tokens = kPrompt;
+    c.max_tokens = kTokens;
+    c.budget = budget;
+    c.page_size = o.kv.page_size;
+    c.base.kv_format = NumberFormat::kF32;  // the CPU engine's K and V
+    const ServingPrediction predicted = predict_serving(spec, find_hardware("h200"), c);
+    const SchedulerStats st = s.stats();
+    EXPECT_EQ(predicted.capacity_pages, o.kv_capacity_pages);
+    EXPECT_EQ(predicted.admit_pages, s.pages_to_admit(kPrompt, kTokens));
+    EXPECT_GE(predicted.sequences, budget < 1 ? 4 : 3);
+    EXPECT_LT(predicted.sequences, kRequests);
+    EXPECT_EQ(st.peak_running, predicted.sequences);
+    EXPECT_EQ(st.peak_decode_batch, predicted.sequences);
+    // Every token but each request's first (sampled after its prefill) comes from a decode step;
+    // the first wave decodes its kTokens - 1 steps together at the peak.
+    EXPECT_EQ(st.decode_tokens, static_cast<uint64_t>(kRequests * (kTokens - 1)));
+    EXPECT_GE(st.peak_batch_steps, static_cast<uint64_t>(kTokens - 1));
+    EXPECT_GT(st.decode_seconds, 0.0);
+    EXPECT_GT(st.peak_batch_seconds, 0.0);
+    EXPECT_LE(st.peak_batch_seconds, st.decode_seconds);
+    for (const Outcome& x : out) EXPECT_EQ(x.tokens.size(), static_cast<size_t>(kTokens));
+  }
+}
 
 // Pages in use never exceed the capacity nor what admitted requests reserved, while requests wait
 // for pages (not for sequences) and all of them still complete.

@@ -7,10 +7,12 @@
 #include <httplib.h>
 
 #include <chrono>
+#include <cmath>
 #include <regex>
 #include <sstream>
 #include <thread>
 
+#include "backend/cpu/cpu_backend.h"
 #include "serve/completion.h"
 #include "serve/loadgen.h"
 
@@ -23,9 +25,11 @@ const std::string kModelDir = std::string(EKVA_FIXTURES) + "/../../models/ekva-m
 // A server on a free loopback port, serving on its own thread.
 class ServerTest : public ::testing::Test {
  protected:
-  void start(ServerOptions options = {}) {
+  // model: the one served (default the embedded model); with_tokenizer false: token ids only.
+  void start(ServerOptions options = {}, const Model* model = nullptr, bool with_tokenizer = true) {
     options.model_name = "ekva-moe-8m";
-    server_ = std::make_unique<Server>(*model_, tokenizer_.get(), options);
+    server_ = std::make_unique<Server>(model != nullptr ? *model : *model_,
+                                       with_tokenizer ? tokenizer_.get() : nullptr, options);
     port_ = server_->bind("127.0.0.1", 0);
     serving_ = std::thread([this] { server_->run(); });
   }
@@ -91,6 +95,7 @@ class ServerTest : public ::testing::Test {
   }
 
   std::unique_ptr<Model> model_;
+  std::unique_ptr<Model> shape_;  // a model without weights, when one is served
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<Server> server_;
   std::thread serving_;
@@ -157,6 +162,55 @@ TEST_F(ServerTest, ConcurrentPlainAndStreamedCompletionsGiveGeneratesTokens) {
                               b.value("seed", uint64_t{0}), cases[i].policy));
   }
   EXPECT_EQ(server_->stats().pages_in_use, 0);
+}
+
+// As `ekva serve --random-weights` runs: a model with its shape alone, whose backend brings its own
+// weights (here the CPU backend over the embedded model's, on the GPU the random ones), and no
+// tokenizer. Token ids are served as generate serves them; text gets a 400 naming the prompt.
+TEST_F(ServerTest, AModelWithoutHostWeightsServesTokenIdsThroughItsBackend) {
+  shape_ = Model::without_weights(model_->spec(), "config.json");
+  const Model* shape = shape_.get();
+  EXPECT_FALSE(shape->has_weights());
+  EXPECT_TRUE(model_->has_weights());
+  ServerOptions o;
+  o.scheduler.max_sequences = 2;
+  o.scheduler.backend = [this](const Model& served, const KvLayout& layout) {
+    EXPECT_FALSE(served.has_weights());
+    return std::make_unique<cpu::CpuBackend>(*model_, layout);
+  };
+  start(o, shape, false);
+  const std::vector<int32_t> prompt = {1, 415, 1124, 77, 2051};
+  const auto res = post(json({{"prompt", prompt}, {"max_tokens", 6}, {"temperature", 0}}).dump());
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  const json j = json::parse(res->body);
+  EXPECT_EQ(j["choices"][0]["token_ids"].get<std::vector<int32_t>>(),
+            generated_alone(prompt, 6, 0.0f, 0, PolicyOptions{}));
+  EXPECT_EQ(j["choices"][0]["text"], "");
+  for (const auto& [body, field] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"prompt": "Once upon a time"})", "prompt"},
+           {R"({"prompt": [1, 2, 3], "stop": "x"})", "stop"}}) {
+    const auto refused = post(body);
+    ASSERT_TRUE(refused);
+    EXPECT_EQ(refused->status, 400);
+    const json e = json::parse(refused->body);
+    EXPECT_EQ(e["error"]["param"], field);
+    if (field == "prompt") {
+      EXPECT_NE(e["error"]["message"].get<std::string>().find("token ids"), std::string::npos);
+    }
+  }
+}
+
+TEST(ModelWithoutWeights, TheCpuBackendRefusesIt) {
+  const auto shape = Model::without_weights(Model::load(kModelDir)->spec(), "config.json");
+  try {
+    Engine engine(*shape);
+    FAIL() << "the CPU backend ran a model without weights";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("config.json"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(shape->active_weight_bytes_per_token(), 0u);
 }
 
 TEST_F(ServerTest, EveryBadInputGetsA400NamingTheField) {
@@ -290,9 +344,17 @@ TEST_F(ServerTest, MetricsAreParsablePrometheusText) {
        {"ekva_requests_admitted_total", "ekva_requests_finished_total",
         "ekva_requests_rejected_total", "ekva_prompt_tokens_total", "ekva_generated_tokens_total",
         "ekva_kv_pages_in_use", "ekva_kv_pages_free", "ekva_queue_length", "ekva_decode_batch_size",
-        "ekva_step_seconds_total", "ekva_running_sequences"}) {
+        "ekva_step_seconds_total", "ekva_running_sequences", "ekva_kv_page_bytes",
+        "ekva_running_sequences_peak", "ekva_decode_batch_size_peak", "ekva_decode_steps_total",
+        "ekva_decode_tokens_total", "ekva_decode_seconds_total", "ekva_decode_peak_batch_steps",
+        "ekva_decode_peak_batch_seconds"}) {
     EXPECT_TRUE(values.contains(name)) << name;
   }
+  EXPECT_EQ(values, parse_metrics(res->body));       // loadgen's reader agrees
+  EXPECT_EQ(values["ekva_decode_tokens_total"], 4);  // the first token comes from the prefill
+  EXPECT_EQ(values["ekva_running_sequences_peak"], 1);
+  EXPECT_EQ(values["ekva_decode_batch_size_peak"], 1);
+  EXPECT_EQ(values["ekva_kv_page_bytes"], 2 * 16 * 32 * 4);  // f32 K and V, head_dim 32
   EXPECT_EQ(values["ekva_generated_tokens_total"], 5);
   EXPECT_EQ(values["ekva_prompt_tokens_total"], 3);
   EXPECT_EQ(values["ekva_requests_rejected_total"], 1);
@@ -316,6 +378,27 @@ TEST_F(ServerTest, LoadgenReplaysAWorkloadAndMeasuresIt) {
   EXPECT_GT(r.ttft_p50, 0.0);
   EXPECT_LE(r.ttft_p50, r.ttft_p99);
   EXPECT_LE(r.itl_p50, r.itl_p99);
+  // What the server saw: at most 3 requests at once, every token after each first one decoded.
+  ASSERT_TRUE(r.server.has_value());
+  EXPECT_GE(r.server->peak_running, 1);
+  EXPECT_LE(r.server->peak_running, 3);
+  EXPECT_GE(r.server->peak_decode_batch, 1);
+  EXPECT_LE(r.server->peak_decode_batch, r.server->peak_running);
+  EXPECT_EQ(r.server->decode_tokens, 6 * 4);
+  EXPECT_GT(r.server->decode_tokens_per_s(), 0.0);
+  EXPECT_GT(r.server->peak_batch_tokens_per_s(), 0.0);
+  EXPECT_GT(r.server->kv_capacity_pages, 0);
+  EXPECT_EQ(r.server->kv_page_bytes, 2 * 16 * 32 * 4);
+}
+
+TEST(ParseMetrics, ReadsSamplesAndSkipsTheRest) {
+  const auto values = parse_metrics(
+      "# HELP a_total A.\n# TYPE a_total counter\na_total 3\nb 2.5e-3\nlabelled{x=\"1\"} 4\n"
+      "broken\nc not-a-number\nd +Inf");
+  EXPECT_EQ(values.size(), 3u);
+  EXPECT_EQ(values.at("a_total"), 3);
+  EXPECT_EQ(values.at("b"), 2.5e-3);
+  EXPECT_TRUE(std::isinf(values.at("d")));
 }
 
 TEST(Percentile, IsTheNearestRank) {

@@ -7,9 +7,23 @@
 #include "core/error.h"
 
 namespace ekva::cpu {
+namespace {
+
+// Before the pages are allocated: a model without host weights cannot run here.
+const Model* with_weights(const Model& model) {
+  if (!model.has_weights()) {
+    fail(ErrorKind::kUnsupported,
+         "{}: the model's weights are not on the host (seeded random weights live on the GPU); "
+         "the CPU backend cannot run it",
+         model.dir().string());
+  }
+  return &model;
+}
+
+}  // namespace
 
 CpuBackend::CpuBackend(const Model& model, const KvLayout& layout)
-    : model_(&model), rope_(model.spec().rope, model.spec().head_dim), pages_(layout) {
+    : model_(with_weights(model)), rope_(model.spec().rope, model.spec().head_dim), pages_(layout) {
   const ModelSpec& s = model.spec();
   if (s.num_experts > 0) router_.emplace(s.num_experts, s.top_k, s.norm_topk_prob);
 }

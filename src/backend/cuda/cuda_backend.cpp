@@ -29,8 +29,66 @@ int64_t pool_rows(const KvLayout& layout) {
 
 size_t kv_pool_device_bytes(const KvLayout& layout) {
   return static_cast<size_t>(pool_rows(layout)) *
-         (2 * static_cast<size_t>(layout.head_dim()) * sizeof(uint16_t) + sizeof(TokenMeta) +
-          sizeof(float) + sizeof(uint8_t));
+             (2 * static_cast<size_t>(layout.head_dim()) * sizeof(uint16_t) + sizeof(TokenMeta) +
+              sizeof(float) + sizeof(uint8_t)) +
+         compaction_workspace_bytes(pool_rows(layout),
+                                    layout.num_sequences() * layout.num_kv_heads());
+}
+
+DeviceMemory device_memory() {
+  DeviceMemory m;
+  EKVA_CUDA_CHECK(cudaMemGetInfo(&m.free_bytes, &m.total_bytes));
+  return m;
+}
+
+size_t step_workspace_bytes(const ModelSpec& s, int step_tokens, int num_sequences,
+                            int64_t pool_pages, int page_size) {
+  // The buffers run() and its blocks grow (scratch), each at its largest for such a step.
+  const size_t n = static_cast<size_t>(std::max(step_tokens, 1));
+  const size_t S = static_cast<size_t>(std::max(num_sequences, 1));
+  const size_t k = static_cast<size_t>(std::max(s.top_k, 1));
+  const size_t L = static_cast<size_t>(s.num_layers), H = static_cast<size_t>(s.num_kv_heads);
+  const size_t hidden = static_cast<size_t>(s.hidden_size);
+  const size_t moe_layers = static_cast<size_t>(s.num_moe_layers());
+  // One MLP product's intermediate rows per token: the routed experts' k rows (grouped, or one
+  // expert's rows on the host-routed path), the shared expert's or the dense MLP's one.
+  const size_t inter = std::max({k * static_cast<size_t>(s.expert_intermediate),
+                                 static_cast<size_t>(s.shared_intermediate),
+                                 static_cast<size_t>(s.dense_intermediate)});
+  const size_t floats = n * (2 * hidden           // x_, normed_
+                             + s.q_dim()          // q_
+                             + 2 * s.kv_dim()     // k_, v_
+                             + hidden             // delta_
+                             + k * hidden         // y_
+                             + s.num_experts      // router_logits_
+                             + 2 * inter          // gate_up_
+                             + 1                  // shared_weight_
+                             + 2 * k              // expert_gates_, pair_gates_
+                             + moe_layers * k) +  // gates_
+                        S * s.vocab_size;         // logits_
+  const size_t halves = n * (hidden               // x_bf16_
+                             + s.q_dim()          // attn_bf16_
+                             + k * hidden         // rows_bf16_
+                             + inter) +           // hidden_bf16_
+                        2 * S * s.q_dim();        // decode_q_, decode_out_
+  const size_t ints = n * (3 + L * H + 1          // the step's inputs (ints_)
+                           + moe_layers * k       // experts_
+                           + k                    // expert_rows_
+                           + 5 * k) +             // pair_ints_
+                      L * (2 * S * H + 1) +
+                      static_cast<size_t>(pool_pages) + 2;  // tables
+  // The decode attention's workspace: its schedule and partials, and the scores of one layer's
+  // retained slots per query head of a group.
+  const size_t group = static_cast<size_t>(s.num_heads / std::max(s.num_kv_heads, 1));
+  const size_t pieces = S * H + 4096;  // a piece per segment plus the splits of a grid
+  const size_t layer_rows =
+      2 * static_cast<size_t>(pool_pages) * static_cast<size_t>(page_size) / std::max<size_t>(L, 1);
+  const size_t decode =
+      pieces * (4 * sizeof(int32_t) + group * (s.head_dim * sizeof(uint16_t) + 2 * sizeof(float))) +
+      S * H * 3 * sizeof(int32_t) + layer_rows * group * sizeof(float);
+  const size_t bytes = floats * sizeof(float) + halves * sizeof(uint16_t) + ints * sizeof(int32_t) +
+                       decode + n /* score_query_ */;
+  return 2 * bytes;
 }
 
 CudaBackend::CudaBackend(const Model& model, const KvLayout& layout)
@@ -539,21 +597,34 @@ std::vector<float> CudaBackend::run(const StepPlan& plan, KvLayout& layout,
 }
 
 void CudaBackend::apply(const EvictionPlan& plan, KvLayout& layout) {
-  const std::vector<std::vector<uint8_t>> flags = select_plan_evictions(plan, layout);
+  apply_all(std::span<const EvictionPlan>(&plan, 1), layout);
+}
+
+void CudaBackend::apply_all(std::span<const EvictionPlan> plans, KvLayout& layout) {
+  // Selections read and pool each plan's own sequence only, so all are made before any
+  // compaction; the device then compacts every flagged slot of a layer in one pass over the tables
+  // as they were, and the host mirror follows, plan by plan.
+  std::vector<std::vector<std::vector<uint8_t>>> flags;
+  flags.reserve(plans.size());
+  for (const EvictionPlan& plan : plans) flags.push_back(select_plan_evictions(plan, layout));
   const size_t rows_in_use = static_cast<size_t>(layout.page_high_water()) * layout.page_size();
   std::vector<uint8_t> pool_flags(rows_in_use, 0);
   std::vector<uint8_t> layer_touched(layout.num_layers(), 0);
-  for (size_t i = 0; i < plan.segments.size(); ++i) {
-    const SegmentEviction& segment = plan.segments[i];
-    const HeadTable& t = layout.table(plan.seq, segment.layer, segment.kv_head);
-    for (int slot = 0; slot < t.size(); ++slot) {
-      if (flags[i][slot] == 0) continue;
-      const SlotAddress a = layout.address(t, slot);
-      pool_flags[static_cast<size_t>(a.page) * layout.page_size() + a.row] = 1;
-      layer_touched[segment.layer] = 1;
+  bool touched = false;
+  for (size_t p = 0; p < plans.size(); ++p) {
+    for (size_t i = 0; i < plans[p].segments.size(); ++i) {
+      const SegmentEviction& segment = plans[p].segments[i];
+      const HeadTable& t = layout.table(plans[p].seq, segment.layer, segment.kv_head);
+      for (int slot = 0; slot < t.size(); ++slot) {
+        if (flags[p][i][slot] == 0) continue;
+        const SlotAddress a = layout.address(t, slot);
+        pool_flags[static_cast<size_t>(a.page) * layout.page_size() + a.row] = 1;
+        layer_touched[segment.layer] = 1;
+        touched = true;
+      }
     }
   }
-  if (std::find(layer_touched.begin(), layer_touched.end(), 1) == layer_touched.end()) return;
+  if (!touched) return;
   upload_tables(layout, {});
   EKVA_CUDA_CHECK(cudaMemcpyAsync(flags_.data(), pool_flags.data(), rows_in_use,
                                   cudaMemcpyHostToDevice, stream_));
@@ -561,11 +632,29 @@ void CudaBackend::apply(const EvictionPlan& plan, KvLayout& layout) {
     if (layer_touched[l] != 0)
       evict_flagged(views_[l], flags_.data(), pool_rows_, compaction_.data(), stream_);
   }
-  for (size_t i = 0; i < plan.segments.size(); ++i) {
-    const SegmentEviction& segment = plan.segments[i];
-    layout.evict_flagged(plan.seq, segment.layer, segment.kv_head, flags[i]);
+  for (size_t p = 0; p < plans.size(); ++p) {
+    for (size_t i = 0; i < plans[p].segments.size(); ++i) {
+      const SegmentEviction& segment = plans[p].segments[i];
+      layout.evict_flagged(plans[p].seq, segment.layer, segment.kv_head, flags[p][i]);
+    }
   }
   EKVA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+BackendFactory cuda_backend_factory(std::shared_ptr<const DeviceModel> weights) {
+  if (!weights) fail(ErrorKind::kInvalidArgument, "cuda_backend_factory: no device weights");
+  return [weights](const Model& model, const KvLayout& layout) -> std::unique_ptr<Backend> {
+    const ModelSpec& a = model.spec();
+    const ModelSpec& b = weights->spec();
+    if (a.num_layers != b.num_layers || a.hidden_size != b.hidden_size ||
+        a.vocab_size != b.vocab_size || a.num_heads != b.num_heads ||
+        a.num_kv_heads != b.num_kv_heads || a.head_dim != b.head_dim ||
+        a.num_experts != b.num_experts || a.top_k != b.top_k) {
+      fail(ErrorKind::kInvalidArgument,
+           "{}: the model's shape is not that of the weights on the device", model.dir().string());
+    }
+    return std::make_unique<CudaBackend>(weights, layout);
+  };
 }
 
 BackendFactory cuda_backend_factory() {

@@ -35,6 +35,9 @@ class CudaBackend : public Backend {
   std::vector<float> run(const StepPlan& plan, KvLayout& layout,
                          ForwardObserver* observer) override;
   void apply(const EvictionPlan& plan, KvLayout& layout) override;
+  // One selection on the host per plan, then one upload of the flags and the tables and one
+  // compaction per layer for all of them.
+  void apply_all(std::span<const EvictionPlan> plans, KvLayout& layout) override;
   void disable_expert(int layer, int expert) override { disabled_ = {layer, expert}; }
 
  private:
@@ -104,8 +107,29 @@ class CudaBackend : public Backend {
 // The factory an EngineOptions takes to run on the GPU. Its engines share one upload of a model's
 // weights, made by the first of them.
 BackendFactory cuda_backend_factory();
+// The factory over weights already on the device (a checkpoint uploaded once, or seeded random
+// weights): every engine's backend shares them. A model of another shape is refused; its own
+// weights, if it has any, are not read.
+BackendFactory cuda_backend_factory(std::shared_ptr<const DeviceModel> weights);
 
-// Bytes of device memory a layout's KV pool takes (K/V, metadata and the per-slot scratch).
+// The current device's memory now (cudaMemGetInfo).
+struct DeviceMemory {
+  size_t free_bytes = 0;
+  size_t total_bytes = 0;
+};
+DeviceMemory device_memory();
+
+// Bytes of device memory a layout's KV pool takes when a backend is made: K/V, metadata and the
+// per-slot scratch (eviction scores and flags, the compaction's row lists).
 size_t kv_pool_device_bytes(const KvLayout& layout);
+
+// The most device memory a backend's step workspaces can take: they grow on demand, each to at
+// most twice its largest need, for steps of at most `step_tokens` tokens (a prefill chunk or a
+// decode batch) with logits wanted for at most `num_sequences` rows, over a pool of `pool_pages`
+// pages of `page_size` tokens. What a caller keeps free beside the weights and the pool; cuBLAS's
+// own workspace and the kernels the runtime loads on first use are not counted. The decode
+// attention's score buffer is sized for a layer holding twice the mean share of the pool.
+size_t step_workspace_bytes(const ModelSpec& spec, int step_tokens, int num_sequences,
+                            int64_t pool_pages, int page_size);
 
 }  // namespace ekva::cuda

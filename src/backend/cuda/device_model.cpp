@@ -154,6 +154,12 @@ void DeviceModel::set_expert_tables() {
 DeviceModel::DeviceModel(const Model& model, size_t reserve_bytes)
     : spec_(model.spec()), bytes_(weight_bytes(model.spec())) {
   const ModelSpec& s = spec_;
+  if (!model.has_weights()) {
+    fail(ErrorKind::kInvalidArgument,
+         "{}: the model has no host weights to upload; its random weights are made on the device "
+         "(DeviceModel from a ModelSpec and a seed)",
+         model.dir().string());
+  }
   check_fits(reserve_bytes, model.dir().string());
   embed_ = upload({&model.embed()});
   lm_head_ = upload({&model.lm_head()});

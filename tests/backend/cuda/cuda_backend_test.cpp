@@ -302,6 +302,70 @@ INSTANTIATE_TEST_SUITE_P(EveryPolicy, CudaPolicyTest,
                            return n;
                          });
 
+// A decode step's evictions of several sequences in one pass (apply_all, what Engine::decode runs)
+// leave what applying them one by one leaves: the same tables and the same K/V, so the next step's
+// logits are equal.
+TEST_F(CudaEngineTest, EvictionsOfABatchInOnePassEqualThemOneByOne) {
+  const ModelSpec& s = model_->spec();
+  for (const char* name : {"snapkv", "h2o", "streaming"}) {
+    SCOPED_TRACE(name);
+    constexpr int kSequences = 3;
+    KvLayout layout(s, kSequences, KvFormat{16, DType::kBF16}, 0);
+    CudaBackend backend(*model_, layout);
+    PolicyOptions options;
+    options.name = name;
+    options.budget = 0.25;
+    std::vector<KvPolicy> policies;
+    for (int seq = 0; seq < kSequences; ++seq) {
+      policies.emplace_back(options, s);
+      const std::vector<int32_t> p = prompt(testing::small_sizes() ? 48 : 160 + 40 * seq, 31 + seq);
+      ForwardBatch fill;
+      for (size_t t = 0; t < p.size(); ++t) fill.add(p[t], seq, static_cast<int32_t>(t));
+      fill.logit_rows = {fill.size() - 1};
+      fill.score_query = policies.back().prefill_score_queries(fill.size());
+      backend.run(plan_step(s, fill, layout), layout, nullptr);
+      backend.apply(policies.back().compress(layout, seq, fill.size()), layout);
+    }
+    // One token each (its scores voted), not evicted yet.
+    const auto decode_batch = [&](const KvLayout& at, int32_t salt) {
+      ForwardBatch b;
+      for (int seq = 0; seq < kSequences; ++seq) {
+        b.add(5 + 7 * seq + salt, seq, at.next_position(seq));
+        b.score_query.push_back(1);
+      }
+      return b;
+    };
+    backend.run(plan_step(s, decode_batch(layout, 0), layout), layout, nullptr);
+    KvLayout one_by_one = layout;
+    const std::unique_ptr<Backend> other = backend.clone();
+    std::vector<EvictionPlan> plans;
+    for (int seq = 0; seq < kSequences; ++seq) plans.push_back(policies[seq].evict(layout, seq));
+    const size_t before = layout.retained_tokens();
+    backend.apply_all(plans, layout);
+    for (const EvictionPlan& plan : plans) other->apply(plan, one_by_one);
+    EXPECT_LT(layout.retained_tokens(), before);
+    EXPECT_EQ(layout.retained_tokens(), one_by_one.retained_tokens());
+    for (int seq = 0; seq < kSequences; ++seq) {
+      for (int l = 0; l < s.num_layers; ++l) {
+        for (int h = 0; h < s.num_kv_heads; ++h) {
+          const HeadTable& a = layout.table(seq, l, h);
+          const HeadTable& b = one_by_one.table(seq, l, h);
+          ASSERT_EQ(a.size(), b.size());
+          for (int i = 0; i < a.size(); ++i) {
+            ASSERT_EQ(a.meta[i].position, b.meta[i].position) << seq << " " << l << " " << h;
+            ASSERT_EQ(a.meta[i].score, b.meta[i].score);
+          }
+        }
+      }
+    }
+    ForwardBatch next = decode_batch(layout, 1);
+    next.score_query.clear();
+    const std::vector<float> want = other->run(plan_step(s, next, one_by_one), one_by_one, nullptr);
+    const std::vector<float> got = backend.run(plan_step(s, next, layout), layout, nullptr);
+    EXPECT_EQ(got, want);
+  }
+}
+
 TEST_F(CudaEngineTest, RefusesAFloat32Cache) {
   EngineOptions o = gpu_options();
   o.kv.dtype = DType::kF32;
