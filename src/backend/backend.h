@@ -46,13 +46,18 @@ class ForwardObserver {
   // Router logits of one MoE layer: n_tokens rows of num_experts. moe_index counts MoE layers only.
   virtual void on_router_logits(int /*layer*/, int /*moe_index*/, const float* /*logits*/,
                                 int /*n_tokens*/, int /*num_experts*/) {}
+  // What the observer reads beyond routing, which a device backend copies to the host only when
+  // asked: the pages and queries of on_layer_routed, and the expert outputs (on_expert_output is
+  // called only when this says so).
+  virtual bool reads_kv() const { return false; }
+  virtual bool reads_expert_outputs() const { return false; }
   // One routed expert's output for the tokens routed to it (before the gate): rows.size() x hidden.
   virtual void on_expert_output(int /*layer*/, int /*expert*/, const std::vector<int32_t>& /*rows*/,
                                 const std::vector<float>& /*gates*/, const float* /*output*/,
                                 int /*hidden*/) {}
   // An MoE layer after routing: the layout and pages hold this batch's K/V with their routing
-  // metadata (pages is null when the backend keeps K/V on a device); q is the batch's post-RoPE
-  // queries [n, q_dim]; experts and gates are [n, top_k], best first.
+  // metadata; q is the batch's post-RoPE queries [n, q_dim] (pages and q may be null unless
+  // reads_kv()); experts and gates are [n, top_k], best first.
   virtual void on_layer_routed(int /*layer*/, const ForwardBatch& /*batch*/,
                                const KvLayout& /*layout*/, const KvPages* /*pages*/,
                                const float* /*q*/, const int32_t* /*experts*/,

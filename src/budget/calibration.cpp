@@ -26,6 +26,9 @@ class StatsObserver : public ForwardObserver {
   StatsObserver(const ModelSpec& spec, const CalibrationOptions& options, CalibrationStats& stats)
       : spec_(spec), options_(options), stats_(stats) {}
 
+  bool reads_kv() const override { return true; }
+  bool reads_expert_outputs() const override { return true; }
+
   void on_expert_output(int layer, int expert, const std::vector<int32_t>& rows,
                         const std::vector<float>& gates, const float* y, int hidden) override {
     double sum = 0.0;

@@ -16,6 +16,10 @@ class PromptRecorder : public ForwardObserver {
   PromptRecorder(PromptRouting& prompt, const ModelSpec& spec, ForwardObserver* next)
       : prompt_(prompt), spec_(spec), next_(next) {}
 
+  bool reads_kv() const override { return next_ != nullptr && next_->reads_kv(); }
+  bool reads_expert_outputs() const override {
+    return next_ != nullptr && next_->reads_expert_outputs();
+  }
   void on_router_logits(int layer, int moe_index, const float* logits, int n, int e) override {
     if (next_ != nullptr) next_->on_router_logits(layer, moe_index, logits, n, e);
   }

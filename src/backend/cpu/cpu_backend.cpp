@@ -189,7 +189,7 @@ void CpuBackend::moe_block(int layer, int moe_index, const StepPlan& plan, KvLay
   run_mlps(routed, x, hidden);
   for (size_t j = 0; j < routed.size(); ++j) {
     const int e = routed_expert[j];
-    if (observer != nullptr)
+    if (observer != nullptr && observer->reads_expert_outputs())
       observer->on_expert_output(layer, e, rows[e], gates[e], routed[j].y.data(), hidden);
     if (disabled_ != std::pair<int, int>{layer, e})
       accumulate_rows(routed[j].y, hidden, rows[e], gates[e], out);

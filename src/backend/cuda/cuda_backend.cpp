@@ -426,7 +426,10 @@ void CudaBackend::host_routed_experts(int layer, int moe_index, const StepPlan& 
           gates[static_cast<size_t>(t) * k + i]);
     }
   }
-  if (observer != nullptr) {
+  if (observer != nullptr && !observer->reads_kv()) {
+    observer->on_layer_routed(layer, batch, layout, nullptr, nullptr, experts.data(), gates.data(),
+                              k);
+  } else if (observer != nullptr) {
     // The observer reads K/V and the queries on the host: a copy of every page in use and of
     // this layer's post-RoPE queries (calibration, which is not timed).
     KvPages pages(layout);
@@ -465,7 +468,7 @@ void CudaBackend::host_routed_experts(int layer, int moe_index, const StepPlan& 
     if (m == 0) continue;
     gather_rows(x_bf16_.data(), rows_d + first[e], m, hidden, x_rows, stream_);
     mlp(D.experts[e], x_rows, m, y);
-    if (observer != nullptr) {
+    if (observer != nullptr && observer->reads_expert_outputs()) {
       host_y.resize(static_cast<size_t>(m) * hidden);
       EKVA_CUDA_CHECK(cudaMemcpyAsync(host_y.data(), y, host_y.size() * sizeof(float),
                                       cudaMemcpyDeviceToHost, stream_));
