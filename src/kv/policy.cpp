@@ -47,13 +47,17 @@ KvPolicy::KvPolicy(const PolicyOptions& options, const ModelSpec& spec)
     fail(ErrorKind::kInvalidArgument,
          "KV policy: window, sinks must be >= 0, pool kernel >= 1, ada floor in [0, 1]");
   }
-  if (!std::isfinite(options.reserve.threshold) || !(options.reserve.cap >= 0.0) ||
-      options.reserve.cap > 1.0) {
+  if (options.plan) {
+    options.plan->check_model(spec);
+    reserve_ = options.plan->reserve;
+  }
+  if (options.reserve.threshold) reserve_.threshold = *options.reserve.threshold;
+  if (options.reserve.cap) reserve_.cap = *options.reserve.cap;
+  if (!std::isfinite(reserve_.threshold) || !(reserve_.cap >= 0.0) || reserve_.cap > 1.0) {
     fail(ErrorKind::kInvalidArgument,
          "KV policy: the reserve threshold {} must be finite and its cap {} in [0, 1]",
-         options.reserve.threshold, options.reserve.cap);
+         reserve_.threshold, reserve_.cap);
   }
-  if (options.plan) options.plan->check_model(spec);
   num_groups_ = options.plan ? options.plan->num_groups() : spec.num_experts;
 }
 
@@ -212,7 +216,7 @@ SegmentEviction KvPolicy::segment(const KvLayout& layout, int seq, int layer, in
     // The reserve takes at most its cap of the room the window leaves, so that the protected
     // tokens never exceed the budget.
     const int room = budget - std::min(options_.window, budget);
-    const size_t n = std::min(reserve_limit(options_.reserve.cap, room), b.reserve.size());
+    const size_t n = std::min(reserve_limit(reserve_.cap, room), b.reserve.size());
     s.pinned.assign(b.reserve.begin(), b.reserve.begin() + static_cast<ptrdiff_t>(n));
     std::sort(s.pinned.begin(), s.pinned.end());
   }
@@ -235,8 +239,7 @@ EvictionPlan KvPolicy::compress(const KvLayout& layout, int seq, int prompt_len,
   if (kind_ == Kind::kFull) return plan;
   plan_budgets(layout, seq, prompt_len);
   if (reserves()) {
-    budgets_[seq].reserve =
-        surprisal_outliers(surprisal(prompt, prompt_len), options_.reserve.threshold);
+    budgets_[seq].reserve = surprisal_outliers(surprisal(prompt, prompt_len), reserve_.threshold);
   }
   plan.pool_kernel = pools_scores() ? options_.pool_kernel : 1;
   for (int l = 0; l < num_layers_; ++l) {

@@ -17,6 +17,14 @@
 
 namespace ekva {
 
+// The surprisal reserve's parameters as a caller gives them: an unset field takes the plan's value
+// (BudgetPlan::reserve), or ReserveOptions' default without a plan, so that a command line
+// overrides a plan field by field.
+struct ReserveOverrides {
+  std::optional<double> threshold;
+  std::optional<double> cap;
+};
+
 struct PolicyOptions {
   std::string name = "full";
   // kv_budget.h: <= 1 a fraction of the prompt, > 1 tokens per (layer, KV head); none: the plan's
@@ -28,7 +36,7 @@ struct PolicyOptions {
   double ada_floor = 0.2;  // Ada-KV: each head keeps at least this share of the mean head budget
   int refresh = 64;        // ekva-online: decode steps between group-budget refreshes
   // ekva, ekva-random-groups, rarity-tokens: the surprisal reserve (surprisal.h)
-  ReserveOptions reserve;
+  ReserveOverrides reserve;
   std::optional<BudgetPlan> plan;  // budgets per (layer, head, group); ekva's groups
   uint64_t seed = 0;               // ekva-random-groups: the random expert labels
 };
@@ -48,6 +56,8 @@ class KvPolicy {
   static const std::vector<std::string>& names();
 
   const PolicyOptions& options() const { return options_; }
+  // The surprisal reserve's parameters in force: the options' overrides over the plan's values.
+  const ReserveOptions& reserve() const { return reserve_; }
   bool keeps_everything() const { return kind_ == Kind::kFull; }
   // Per prompt token: 1 when its attention should feed the retention scores during prefill.
   std::vector<uint8_t> prefill_score_queries(int prompt_len) const;
@@ -102,6 +112,7 @@ class KvPolicy {
                           int32_t end) const;
 
   PolicyOptions options_;
+  ReserveOptions reserve_;
   Kind kind_;
   int num_layers_;
   int num_kv_heads_;

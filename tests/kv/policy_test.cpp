@@ -233,6 +233,95 @@ TEST(BudgetPlanFile, RoundTripsAndRejectsBadFiles) {
   fs::remove(p);
 }
 
+TEST(BudgetPlanFile, CarriesTheSurprisalReserveAndOldPlansLoadWithItsDefaults) {
+  const auto model = Model::load(kMixtral);
+  BudgetPlan plan = BudgetPlan::uniform(model->spec(), 2, BudgetPlan::Unit::kFraction, 0.2);
+  EXPECT_EQ(plan.reserve.threshold, ReserveOptions{}.threshold);
+  EXPECT_EQ(plan.reserve.cap, ReserveOptions{}.cap);
+  plan.reserve = {2.5, 0.1};
+  const fs::path p =
+      fs::temp_directory_path() / ("ekva_reserve_" + std::to_string(::getpid()) + ".json");
+  plan.save(p);
+  const BudgetPlan back = BudgetPlan::load(p);
+  fs::remove(p);
+  EXPECT_EQ(back.reserve.threshold, 2.5);
+  EXPECT_EQ(back.reserve.cap, 0.1);
+  EXPECT_EQ(back.to_json(), plan.to_json());
+
+  nlohmann::json old = plan.to_json();  // as written before plans carried a reserve
+  old.erase("reserve");
+  EXPECT_EQ(BudgetPlan::from_json(old, "old.json").reserve.threshold, ReserveOptions{}.threshold);
+  EXPECT_EQ(BudgetPlan::from_json(old, "old.json").reserve.cap, ReserveOptions{}.cap);
+  nlohmann::json partial = plan.to_json();  // a field left out takes its default
+  partial["reserve"].erase("threshold");
+  EXPECT_EQ(BudgetPlan::from_json(partial, "p.json").reserve.threshold, ReserveOptions{}.threshold);
+  EXPECT_EQ(BudgetPlan::from_json(partial, "p.json").reserve.cap, 0.1);
+
+  auto expect_error = [&](const nlohmann::json& reserve, const std::string& needle) {
+    nlohmann::json j = plan.to_json();
+    j["reserve"] = reserve;
+    try {
+      BudgetPlan::from_json(j, "plan.json");
+      ADD_FAILURE() << "accepted: " << reserve.dump();
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidFile);
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("plan.json"), std::string::npos) << e.what();
+    }
+  };
+  expect_error({{"threshold", "3"}}, "field 'reserve.threshold' must be a finite number");
+  expect_error({{"cap", 1.5}}, "field 'reserve.cap' must be a number in [0, 1]");
+  expect_error({{"cap", -0.1}}, "field 'reserve.cap'");
+  expect_error({{"cap", nullptr}}, "field 'reserve.cap'");
+  expect_error({{"treshold", 2}}, "field 'reserve.treshold' is unknown");
+  expect_error(0.25, "field 'reserve' must be an object");
+}
+
+// A policy's reserve: its own options field by field over the plan's, the plan's over the
+// defaults.
+TEST(Policy, TheReserveComesFromThePlanUnlessTheOptionsOverrideIt) {
+  const auto model = Model::load(kQwen2);
+  const ModelSpec& s = model->spec();
+  PolicyOptions o;
+  o.name = "ekva";
+  o.budget = 0.2;
+  EXPECT_EQ(KvPolicy(o, s).reserve().threshold, ReserveOptions{}.threshold);
+  EXPECT_EQ(KvPolicy(o, s).reserve().cap, ReserveOptions{}.cap);
+  o.plan = BudgetPlan::uniform(s, s.num_experts, BudgetPlan::Unit::kFraction, 0.2);
+  o.plan->reserve = {1.5, 0.1};
+  EXPECT_EQ(KvPolicy(o, s).reserve().threshold, 1.5);
+  EXPECT_EQ(KvPolicy(o, s).reserve().cap, 0.1);
+  o.reserve.threshold = 4.0;
+  EXPECT_EQ(KvPolicy(o, s).reserve().threshold, 4.0);
+  EXPECT_EQ(KvPolicy(o, s).reserve().cap, 0.1);
+  o.reserve.cap = 0.5;
+  EXPECT_EQ(KvPolicy(o, s).reserve().cap, 0.5);
+  o.reserve.cap = 2.0;  // an override is checked as the plan's fields are
+  EXPECT_THROW(KvPolicy(o, s), Error);
+
+  // The plan's reserve is the one compression uses: the prompt's two rare tokens are pinned at the
+  // plan's threshold, and not at one no token reaches.
+  std::vector<int32_t> prompt(240, 7);
+  prompt[60] = 150;
+  prompt[61] = 151;
+  Engine engine(*model);
+  engine.prefill(0, prompt);
+  for (const double threshold : {3.0, 1e9}) {
+    PolicyOptions r;
+    r.name = "rarity-tokens";
+    r.budget = 0.25;
+    r.ada_floor = 1.0;  // no scores were gathered: every head keeps the mean, room for the reserve
+    r.plan = BudgetPlan::uniform(s, s.num_experts, BudgetPlan::Unit::kFraction, 0.25);
+    r.plan->reserve = {threshold, 0.25};
+    KvPolicy policy(r, s);
+    const EvictionPlan plan = policy.compress(engine.layout(), 0, 240, PromptRouting{prompt, {}});
+    ASSERT_FALSE(plan.segments.empty());
+    const std::vector<int32_t> reserved =
+        threshold == 3.0 ? std::vector<int32_t>{60, 61} : std::vector<int32_t>{};
+    for (const SegmentEviction& segment : plan.segments) EXPECT_EQ(segment.pinned, reserved);
+  }
+}
+
 // A long decode with eviction holds memory flat: after warm-up, no page is ever reserved again.
 TEST(Policy, LongDecodeWithEvictionHoldsMemoryFlat) {
   const fs::path dir = fs::temp_directory_path() / ("ekva_long_" + std::to_string(::getpid()));
