@@ -19,10 +19,10 @@ uint64_t mix(uint64_t x) {  // splitmix64 finaliser: a stable hash for the rando
 }  // namespace
 
 const std::vector<std::string>& KvPolicy::names() {
-  static const std::vector<std::string> n = {"full",         "streaming",   "h2o",
-                                             "snapkv",       "pyramidkv",   "adakv",
-                                             "ekva",         "ekva-quota",  "ekva-random-groups",
-                                             "ekva-nogroup", "ekva-online", "rarity-tokens"};
+  static const std::vector<std::string> n = {
+      "full",         "streaming",   "h2o",          "snapkv",     "pyramidkv",
+      "adakv",        "keydiff",     "ekva",         "ekva-quota", "ekva-random-groups",
+      "ekva-nogroup", "ekva-online", "rarity-tokens"};
   return n;
 }
 
@@ -31,10 +31,13 @@ KvPolicy::KvPolicy(const PolicyOptions& options, const ModelSpec& spec)
       num_layers_(spec.num_layers),
       num_kv_heads_(spec.num_kv_heads),
       spec_(spec) {
-  static const Kind kinds[] = {Kind::kFull,        Kind::kStreaming,  Kind::kH2o,
-                               Kind::kSnapKv,      Kind::kPyramidKv,  Kind::kAdaKv,
-                               Kind::kEkva,        Kind::kEkvaQuota,  Kind::kEkvaRandomGroups,
-                               Kind::kEkvaNoGroup, Kind::kEkvaOnline, Kind::kRarityTokens};
+  static const Kind kinds[] = {Kind::kFull,        Kind::kStreaming,
+                               Kind::kH2o,         Kind::kSnapKv,
+                               Kind::kPyramidKv,   Kind::kAdaKv,
+                               Kind::kKeyDiff,     Kind::kEkva,
+                               Kind::kEkvaQuota,   Kind::kEkvaRandomGroups,
+                               Kind::kEkvaNoGroup, Kind::kEkvaOnline,
+                               Kind::kRarityTokens};
   const auto it = std::find(names().begin(), names().end(), options.name);
   if (it == names().end()) {
     fail(ErrorKind::kInvalidArgument, "unknown KV policy '{}' (known: {})", options.name,
@@ -66,6 +69,7 @@ std::vector<uint8_t> KvPolicy::prefill_score_queries(int prompt_len) const {
   switch (kind_) {
     case Kind::kFull:
     case Kind::kStreaming:
+    case Kind::kKeyDiff:  // ranks keys, not attention
       break;
     case Kind::kH2o:
       std::fill(q.begin(), q.end(), 1);
@@ -78,7 +82,46 @@ std::vector<uint8_t> KvPolicy::prefill_score_queries(int prompt_len) const {
 }
 
 bool KvPolicy::scores_decode() const {
-  return kind_ != Kind::kFull && kind_ != Kind::kStreaming;
+  return kind_ != Kind::kFull && kind_ != Kind::kStreaming && kind_ != Kind::kKeyDiff;
+}
+
+void KvPolicy::score_keys(KvLayout& layout, const KvPages& pages, int seq) const {
+  if (!ranks_keys()) return;
+  for (int l = 0; l < num_layers_; ++l) {
+    for (int h = 0; h < num_kv_heads_; ++h) score_key_distinctness(layout.table(seq, l, h), pages);
+  }
+}
+
+void score_key_distinctness(HeadTable& table, const KvPages& pages) {
+  const int n = table.size(), d = pages.head_dim(), page = pages.page_size();
+  std::vector<float> scratch(d);
+  auto key = [&](int slot) {
+    return pages.key({table.pages[slot / page], slot % page}, scratch.data());
+  };
+  auto norm = [d](const float* v) {
+    double sq = 0.0;
+    for (int i = 0; i < d; ++i) sq += static_cast<double>(v[i]) * v[i];
+    return std::sqrt(sq);
+  };
+  std::vector<double> anchor(d, 0.0);
+  for (int slot = 0; slot < n; ++slot) {
+    const float* k = key(slot);
+    const double length = norm(k);
+    if (length == 0.0) continue;
+    for (int i = 0; i < d; ++i) anchor[i] += k[i] / length;
+  }
+  double anchor_length = 0.0;
+  for (double a : anchor) anchor_length += a * a;
+  anchor_length = std::sqrt(anchor_length);
+  for (int slot = 0; slot < n; ++slot) {
+    const float* k = key(slot);
+    const double length = norm(k);
+    double dot = 0.0;
+    for (int i = 0; i < d; ++i) dot += anchor[i] * k[i];
+    table.meta[slot].score = length == 0.0 || anchor_length == 0.0
+                                 ? 0.0f
+                                 : static_cast<float>(-dot / (length * anchor_length));
+  }
 }
 
 std::vector<double> KvPolicy::surprisal(const PromptRouting& prompt, int prompt_len) const {
