@@ -123,6 +123,9 @@ class Backend {
   // Drops one routed expert's output at one layer (calibration's loss-contribution ablation);
   // layer -1 restores the model.
   virtual void disable_expert(int layer, int expert) = 0;
+  // The K/V pages when they live on the host, for policies that rank the cached keys; null when a
+  // device keeps them (reading them back every decode step would cost what eviction saves).
+  virtual const KvPages* host_pages() const { return nullptr; }
 };
 
 // Makes the backend that runs an engine's steps over its layout; the CLI picks one per --device.

@@ -1,4 +1,5 @@
 #include <fmt/core.h>
+#include <fmt/format.h>
 
 #include <chrono>
 #include <nlohmann/json.hpp>
@@ -149,7 +150,9 @@ void add_eval(CLI::App& app, Action& action) {
   cmd->add_option("--model", a->model_dir, "Model directory (config, weights, tokenizer)")
       ->required();
   cmd->add_option("--policies", a->policies,
-                  "Comma-separated KV policies (full always runs, as the reference)")
+                  fmt::format("Comma-separated KV policies: {} (full always runs, as the "
+                              "reference)",
+                              fmt::join(KvPolicy::names(), ", ")))
       ->delimiter(',');
   cmd->add_option("--budgets", a->budgets,
                   "Comma-separated budgets: <= 1 a fraction of the prompt, > 1 tokens per head")

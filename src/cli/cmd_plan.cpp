@@ -1,10 +1,12 @@
 #include <fmt/core.h>
 
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "budget/allocator.h"
 #include "budget/calibration.h"
 #include "cli/commands.h"
+#include "core/error.h"
 #include "model/model.h"
 
 namespace ekva::cli {
@@ -17,6 +19,7 @@ struct PlanArgs {
   std::string scope = "joint";
   double floor = 0.0;
   int groups = 0;
+  ReserveOptions reserve;
   std::string model_dir;
   std::string out;
   bool json = false;
@@ -31,7 +34,15 @@ int run_plan(const PlanArgs& a) {
   o.budget = a.budget;
   o.floor = a.floor;
   o.groups = a.groups;
+  if (!std::isfinite(a.reserve.threshold)) {
+    fail(ErrorKind::kInvalidArgument, "--reserve-threshold: {} is not a finite number",
+         a.reserve.threshold);
+  }
+  if (!(a.reserve.cap >= 0.0 && a.reserve.cap <= 1.0)) {
+    fail(ErrorKind::kInvalidArgument, "--reserve-cap: {} is not in [0, 1]", a.reserve.cap);
+  }
   BudgetPlan plan = make_plan(stats, o);
+  plan.reserve = a.reserve;
   plan.provenance["stats_file"] = a.stats;
   plan.save(a.out);
   if (a.json) {
@@ -59,6 +70,13 @@ void add_plan(CLI::App& app, Action& action) {
   cmd->add_option("--floor", a->floor, "Least budget of each group, in the budget's unit")
       ->capture_default_str();
   cmd->add_option("--groups", a->groups, "Expert groups per layer (0: one per expert)")
+      ->capture_default_str();
+  cmd->add_option("--reserve-threshold", a->reserve.threshold,
+                  "ekva's surprisal reserve, stored in the plan: outliers lie this many standard "
+                  "deviations above the mean")
+      ->capture_default_str();
+  cmd->add_option("--reserve-cap", a->reserve.cap,
+                  "... and take at most this share of a head's room")
       ->capture_default_str();
   cmd->add_option("--model", a->model_dir, "Check the statistics against this model");
   cmd->add_option("--out", a->out, "BudgetPlan JSON to write")->required();

@@ -174,6 +174,7 @@ int run_serve(const ServeArgs& a) {
   scheduler.prefill_first = a.prefill_first;
   scheduler.kv = engine.kv;
   scheduler.backend = setup.backend ? setup.backend : engine.backend;
+  scheduler.device = device;
   scheduler.policy = make_policy_options(a.kv, s);
   scheduler.kv_capacity_pages = setup.capacity_pages;
   const size_t page_bytes = KvLayout(s, 1, scheduler.kv, 1).page_bytes();

@@ -24,6 +24,7 @@ std::string use_device(const DeviceArgs& args, const std::string& kv_dtype,
   }
   if (args.device == "cpu" || !gpu) return "cpu";
   options.backend = cuda::cuda_backend_factory();
+  options.device = "cuda";
   if (kv_dtype.empty()) options.kv.dtype = DType::kBF16;
   return "cuda";
 }

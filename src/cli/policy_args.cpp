@@ -25,20 +25,22 @@ void add_policy_options(CLI::App* cmd, PolicyArgs& args) {
 
 void add_shared_policy_options(CLI::App* cmd, PolicyArgs& args) {
   cmd->add_option("--plan", args.plan,
-                  "BudgetPlan JSON for policies ekva, ekva-random-groups, ekva-nogroup, "
-                  "ekva-online");
+                  "BudgetPlan JSON for policies ekva, ekva-quota, ekva-random-groups, "
+                  "ekva-nogroup, ekva-online, rarity-tokens");
   cmd->add_option("--window", args.window,
                   "Recent tokens always kept (SnapKV's observation window)")
       ->capture_default_str();
   cmd->add_option("--sinks", args.sinks, "Attention-sink tokens kept by policy streaming")
       ->capture_default_str();
   cmd->add_option("--reserve-threshold", args.reserve.threshold,
-                  "ekva, ekva-random-groups, rarity-tokens: tokens whose surprisal exceeds the "
-                  "mean by this many standard deviations are kept first")
-      ->capture_default_str();
+                  fmt::format("ekva, ekva-random-groups, rarity-tokens: tokens whose surprisal "
+                              "exceeds the mean by this many standard deviations are kept first "
+                              "(default: the plan's, else {:g})",
+                              ReserveOptions{}.threshold));
   cmd->add_option("--reserve-cap", args.reserve.cap,
-                  "... at most this share of a head's room (after the recent window)")
-      ->capture_default_str();
+                  fmt::format("... at most this share of a head's room (after the recent window; "
+                              "default: the plan's, else {:g})",
+                              ReserveOptions{}.cap));
   cmd->add_option("--kv-dtype", args.kv_dtype,
                   "Element type of the stored K and V: f32 or bf16 (default: f32 on the CPU, bf16 "
                   "on the GPU)")

@@ -15,8 +15,8 @@ struct PolicyArgs {
   int window = 16;
   int sinks = 4;
   int refresh = 64;
-  std::string kv_dtype;  // element type the engine stores K and V in; empty: the device's own
-  ReserveOptions reserve;
+  std::string kv_dtype;      // element type the engine stores K and V in; empty: the device's own
+  ReserveOverrides reserve;  // unset: the plan's, or the default
 };
 
 // --policy and --budget (its old spelling --kv-budget accepted with a deprecation note), then the

@@ -55,6 +55,9 @@ class PromptRecorder : public ForwardObserver {
 Engine::Engine(const Model& model, const EngineOptions& options,
                std::optional<PolicyOptions> policy)
     : model_(&model),
+      device_(!options.backend         ? "cpu"
+              : options.device.empty() ? "unnamed device"
+                                       : options.device),
       layout_(model.spec(), options.num_sequences, options.kv, options.kv_capacity_pages),
       backend_(options.backend ? options.backend(model, layout_)
                                : std::make_unique<cpu::CpuBackend>(model, layout_)),
@@ -65,6 +68,7 @@ Engine::Engine(const Model& model, const EngineOptions& options,
 
 Engine::Engine(const Engine& other)
     : model_(other.model_),
+      device_(other.device_),
       layout_(other.layout_),
       backend_(other.backend_->clone()),
       policies_(other.policies_),
@@ -87,7 +91,27 @@ void Engine::set_policy(const PolicyOptions& options) {
 
 void Engine::set_policy(int seq, const PolicyOptions& options) {
   check_sequence("set_policy", seq);
-  policies_[seq].emplace(options, model_->spec());
+  KvPolicy policy(options, model_->spec());
+  check_backend(policy);
+  policies_[seq].emplace(std::move(policy));
+}
+
+void Engine::check_policy(const PolicyOptions& options) const {
+  check_backend(KvPolicy(options, model_->spec()));
+}
+
+void Engine::check_backend(const KvPolicy& policy) const {
+  if (policy.ranks_keys() && backend_->host_pages() == nullptr) {
+    fail(ErrorKind::kUnsupported,
+         "KV policy '{}' ranks the cached keys on the host, but the {} backend keeps them on the "
+         "device; run it on the CPU (--device cpu)",
+         policy.options().name, device_);
+  }
+}
+
+void Engine::score_keys(int seq) {
+  const KvPolicy& policy = *policies_[seq];
+  if (policy.ranks_keys()) policy.score_keys(layout_, *backend_->host_pages(), seq);
 }
 
 std::vector<float> Engine::step(const ForwardBatch& batch, ForwardObserver* observer) {
@@ -153,6 +177,7 @@ std::vector<float> Engine::prefill_chunk(int seq, std::span<const int32_t> token
 void Engine::compress(int seq, int prompt_len) {
   check_sequence("compress", seq);
   if (policies_[seq]) {
+    score_keys(seq);
     backend_->apply(policies_[seq]->compress(layout_, seq, prompt_len, prompts_.at(seq)), layout_);
   }
 }
@@ -190,7 +215,9 @@ std::vector<float> Engine::decode(std::span<const int> seqs, std::span<const int
   // Each sequence's plan reads its own tables only, so the step's evictions run in one pass.
   std::vector<EvictionPlan> plans;
   for (const int seq : seqs) {
-    if (policies_[seq]) plans.push_back(policies_[seq]->evict(layout_, seq));
+    if (!policies_[seq]) continue;
+    score_keys(seq);
+    plans.push_back(policies_[seq]->evict(layout_, seq));
   }
   if (!plans.empty()) backend_->apply_all(plans, layout_);
   return logits;

@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
@@ -20,6 +21,8 @@ struct EngineOptions {
   KvFormat kv;                    // page size and the stored element type of K and V
   int64_t kv_capacity_pages = 0;  // 0: every sequence at the model's full context
   BackendFactory backend;         // empty: the CPU backend
+  // What runs `backend`, named in errors ("cuda"; cli::use_device sets it); ignored without one.
+  std::string device;
 };
 
 class Engine {
@@ -39,6 +42,9 @@ class Engine {
   const KvPolicy* policy(int seq = 0) const;
   void set_policy(const PolicyOptions& options);  // every sequence's
   void set_policy(int seq, const PolicyOptions& options);
+  // What set_policy refuses, without setting it: KvPolicy's checks, and a policy that ranks the
+  // cached keys (keydiff) on a backend that keeps them on a device (kUnsupported).
+  void check_policy(const PolicyOptions& options) const;
 
   // One step over any batch of tokens: plan on the host, run on the backend.
   std::vector<float> step(const ForwardBatch& batch, ForwardObserver* observer = nullptr);
@@ -66,11 +72,15 @@ class Engine {
 
  private:
   const Model* model_;
+  std::string device_;
   KvLayout layout_;
   std::unique_ptr<Backend> backend_;
   std::vector<float> prefill_batch(int seq, std::span<const int32_t> tokens, bool all_logits,
                                    ForwardObserver* observer, std::vector<uint8_t> score_query);
   void check_sequence(const char* what, int seq) const;
+  void check_backend(const KvPolicy& policy) const;
+  // Refreshes the scores of a policy that ranks keys, before it selects.
+  void score_keys(int seq);
 
   std::vector<std::optional<KvPolicy>> policies_;  // per sequence
   std::vector<PromptRouting> prompts_;             // per sequence

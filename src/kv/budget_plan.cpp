@@ -117,6 +117,7 @@ json BudgetPlan::to_json() const {
           {"unit", unit_ == Unit::kFraction ? "fraction" : "tokens"},
           {"sink_tokens", sink_tokens},
           {"recent_tokens", recent_tokens},
+          {"reserve", {{"threshold", reserve.threshold}, {"cap", reserve.cap}}},
           {"budgets", budgets},
           {"provenance", provenance}};
 }
@@ -154,6 +155,39 @@ std::string string_field(const json& j, const char* key, const std::string& sour
   const json& v = field(j, key, source);
   if (!v.is_string()) fail(ErrorKind::kInvalidFile, "{}: field '{}' is not a string", source, key);
   return v.get<std::string>();
+}
+
+// Each field may be left out (its default then applies); a misspelt one is refused rather than
+// silently left at its default.
+ReserveOptions reserve_field(const json& r, const std::string& source) {
+  if (!r.is_object()) {
+    fail(ErrorKind::kInvalidFile, "{}: field 'reserve' must be an object, not {}", source,
+         json_excerpt(r));
+  }
+  for (const auto& item : r.items()) {
+    if (item.key() != "threshold" && item.key() != "cap") {
+      fail(ErrorKind::kInvalidFile, "{}: field 'reserve.{}' is unknown (known: threshold, cap)",
+           source, item.key());
+    }
+  }
+  ReserveOptions reserve;
+  if (r.contains("threshold")) {
+    const json& v = r["threshold"];
+    if (!v.is_number() || !std::isfinite(v.get<double>())) {
+      fail(ErrorKind::kInvalidFile, "{}: field 'reserve.threshold' must be a finite number, not {}",
+           source, json_excerpt(v));
+    }
+    reserve.threshold = v.get<double>();
+  }
+  if (r.contains("cap")) {
+    const json& v = r["cap"];
+    if (!v.is_number() || !(v.get<double>() >= 0.0 && v.get<double>() <= 1.0)) {
+      fail(ErrorKind::kInvalidFile, "{}: field 'reserve.cap' must be a number in [0, 1], not {}",
+           source, json_excerpt(v));
+    }
+    reserve.cap = v.get<double>();
+  }
+  return reserve;
 }
 
 }  // namespace
@@ -245,6 +279,7 @@ BudgetPlan BudgetPlan::from_json(const json& j, const std::string& source) {
       }
     }
   }
+  if (j.contains("reserve")) plan.reserve = reserve_field(j["reserve"], source);
   if (j.contains("provenance")) plan.provenance = j["provenance"];
   return plan;
 }

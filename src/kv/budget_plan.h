@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "arch/model_spec.h"
+#include "kv/surprisal.h"
 
 namespace ekva {
 
@@ -55,6 +56,9 @@ class BudgetPlan {
 
   int sink_tokens = 0;    // the first tokens of a prompt, always kept on top of the budgets
   int recent_tokens = 0;  // the most recent tokens, always kept on top of the budgets
+  // The surprisal reserve of ekva and its controls; a plan written before it existed loads with
+  // the defaults, and a policy's own options override it field by field.
+  ReserveOptions reserve;
   nlohmann::json provenance = nlohmann::json::object();
 
  private:

@@ -19,10 +19,10 @@ uint64_t mix(uint64_t x) {  // splitmix64 finaliser: a stable hash for the rando
 }  // namespace
 
 const std::vector<std::string>& KvPolicy::names() {
-  static const std::vector<std::string> n = {"full",         "streaming",   "h2o",
-                                             "snapkv",       "pyramidkv",   "adakv",
-                                             "ekva",         "ekva-quota",  "ekva-random-groups",
-                                             "ekva-nogroup", "ekva-online", "rarity-tokens"};
+  static const std::vector<std::string> n = {
+      "full",         "streaming",   "h2o",          "snapkv",     "pyramidkv",
+      "adakv",        "keydiff",     "ekva",         "ekva-quota", "ekva-random-groups",
+      "ekva-nogroup", "ekva-online", "rarity-tokens"};
   return n;
 }
 
@@ -31,10 +31,13 @@ KvPolicy::KvPolicy(const PolicyOptions& options, const ModelSpec& spec)
       num_layers_(spec.num_layers),
       num_kv_heads_(spec.num_kv_heads),
       spec_(spec) {
-  static const Kind kinds[] = {Kind::kFull,        Kind::kStreaming,  Kind::kH2o,
-                               Kind::kSnapKv,      Kind::kPyramidKv,  Kind::kAdaKv,
-                               Kind::kEkva,        Kind::kEkvaQuota,  Kind::kEkvaRandomGroups,
-                               Kind::kEkvaNoGroup, Kind::kEkvaOnline, Kind::kRarityTokens};
+  static const Kind kinds[] = {Kind::kFull,        Kind::kStreaming,
+                               Kind::kH2o,         Kind::kSnapKv,
+                               Kind::kPyramidKv,   Kind::kAdaKv,
+                               Kind::kKeyDiff,     Kind::kEkva,
+                               Kind::kEkvaQuota,   Kind::kEkvaRandomGroups,
+                               Kind::kEkvaNoGroup, Kind::kEkvaOnline,
+                               Kind::kRarityTokens};
   const auto it = std::find(names().begin(), names().end(), options.name);
   if (it == names().end()) {
     fail(ErrorKind::kInvalidArgument, "unknown KV policy '{}' (known: {})", options.name,
@@ -47,13 +50,17 @@ KvPolicy::KvPolicy(const PolicyOptions& options, const ModelSpec& spec)
     fail(ErrorKind::kInvalidArgument,
          "KV policy: window, sinks must be >= 0, pool kernel >= 1, ada floor in [0, 1]");
   }
-  if (!std::isfinite(options.reserve.threshold) || !(options.reserve.cap >= 0.0) ||
-      options.reserve.cap > 1.0) {
+  if (options.plan) {
+    options.plan->check_model(spec);
+    reserve_ = options.plan->reserve;
+  }
+  if (options.reserve.threshold) reserve_.threshold = *options.reserve.threshold;
+  if (options.reserve.cap) reserve_.cap = *options.reserve.cap;
+  if (!std::isfinite(reserve_.threshold) || !(reserve_.cap >= 0.0) || reserve_.cap > 1.0) {
     fail(ErrorKind::kInvalidArgument,
          "KV policy: the reserve threshold {} must be finite and its cap {} in [0, 1]",
-         options.reserve.threshold, options.reserve.cap);
+         reserve_.threshold, reserve_.cap);
   }
-  if (options.plan) options.plan->check_model(spec);
   num_groups_ = options.plan ? options.plan->num_groups() : spec.num_experts;
 }
 
@@ -62,6 +69,7 @@ std::vector<uint8_t> KvPolicy::prefill_score_queries(int prompt_len) const {
   switch (kind_) {
     case Kind::kFull:
     case Kind::kStreaming:
+    case Kind::kKeyDiff:  // ranks keys, not attention
       break;
     case Kind::kH2o:
       std::fill(q.begin(), q.end(), 1);
@@ -74,7 +82,46 @@ std::vector<uint8_t> KvPolicy::prefill_score_queries(int prompt_len) const {
 }
 
 bool KvPolicy::scores_decode() const {
-  return kind_ != Kind::kFull && kind_ != Kind::kStreaming;
+  return kind_ != Kind::kFull && kind_ != Kind::kStreaming && kind_ != Kind::kKeyDiff;
+}
+
+void KvPolicy::score_keys(KvLayout& layout, const KvPages& pages, int seq) const {
+  if (!ranks_keys()) return;
+  for (int l = 0; l < num_layers_; ++l) {
+    for (int h = 0; h < num_kv_heads_; ++h) score_key_distinctness(layout.table(seq, l, h), pages);
+  }
+}
+
+void score_key_distinctness(HeadTable& table, const KvPages& pages) {
+  const int n = table.size(), d = pages.head_dim(), page = pages.page_size();
+  std::vector<float> scratch(d);
+  auto key = [&](int slot) {
+    return pages.key({table.pages[slot / page], slot % page}, scratch.data());
+  };
+  auto norm = [d](const float* v) {
+    double sq = 0.0;
+    for (int i = 0; i < d; ++i) sq += static_cast<double>(v[i]) * v[i];
+    return std::sqrt(sq);
+  };
+  std::vector<double> anchor(d, 0.0);
+  for (int slot = 0; slot < n; ++slot) {
+    const float* k = key(slot);
+    const double length = norm(k);
+    if (length == 0.0) continue;
+    for (int i = 0; i < d; ++i) anchor[i] += k[i] / length;
+  }
+  double anchor_length = 0.0;
+  for (double a : anchor) anchor_length += a * a;
+  anchor_length = std::sqrt(anchor_length);
+  for (int slot = 0; slot < n; ++slot) {
+    const float* k = key(slot);
+    const double length = norm(k);
+    double dot = 0.0;
+    for (int i = 0; i < d; ++i) dot += anchor[i] * k[i];
+    table.meta[slot].score = length == 0.0 || anchor_length == 0.0
+                                 ? 0.0f
+                                 : static_cast<float>(-dot / (length * anchor_length));
+  }
 }
 
 std::vector<double> KvPolicy::surprisal(const PromptRouting& prompt, int prompt_len) const {
@@ -212,7 +259,7 @@ SegmentEviction KvPolicy::segment(const KvLayout& layout, int seq, int layer, in
     // The reserve takes at most its cap of the room the window leaves, so that the protected
     // tokens never exceed the budget.
     const int room = budget - std::min(options_.window, budget);
-    const size_t n = std::min(reserve_limit(options_.reserve.cap, room), b.reserve.size());
+    const size_t n = std::min(reserve_limit(reserve_.cap, room), b.reserve.size());
     s.pinned.assign(b.reserve.begin(), b.reserve.begin() + static_cast<ptrdiff_t>(n));
     std::sort(s.pinned.begin(), s.pinned.end());
   }
@@ -235,8 +282,7 @@ EvictionPlan KvPolicy::compress(const KvLayout& layout, int seq, int prompt_len,
   if (kind_ == Kind::kFull) return plan;
   plan_budgets(layout, seq, prompt_len);
   if (reserves()) {
-    budgets_[seq].reserve =
-        surprisal_outliers(surprisal(prompt, prompt_len), options_.reserve.threshold);
+    budgets_[seq].reserve = surprisal_outliers(surprisal(prompt, prompt_len), reserve_.threshold);
   }
   plan.pool_kernel = pools_scores() ? options_.pool_kernel : 1;
   for (int l = 0; l < num_layers_; ++l) {

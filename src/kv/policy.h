@@ -3,7 +3,9 @@
 // prefill and which it evicts during decode. A policy reads the layout's metadata (positions,
 // routing, scores) and decides; it returns an EvictionPlan that a backend executes, and never
 // touches K/V storage. Policies differ in the scores they rank by and in how the budget (one
-// meaning, kv_budget.h) is split over layers, heads and expert groups.
+// meaning, kv_budget.h) is split over layers, heads and expert groups. The scores are attention
+// that backends accumulate, except for keydiff, whose scores are read off the cached keys on the
+// host (score_keys), so that selection stays the one select_evictions every backend reproduces.
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -13,9 +15,18 @@
 #include "kv/eviction_plan.h"
 #include "kv/kv_budget.h"
 #include "kv/kv_layout.h"
+#include "kv/kv_pages.h"
 #include "kv/surprisal.h"
 
 namespace ekva {
+
+// The surprisal reserve's parameters as a caller gives them: an unset field takes the plan's value
+// (BudgetPlan::reserve), or ReserveOptions' default without a plan, so that a command line
+// overrides a plan field by field.
+struct ReserveOverrides {
+  std::optional<double> threshold;
+  std::optional<double> cap;
+};
 
 struct PolicyOptions {
   std::string name = "full";
@@ -28,7 +39,7 @@ struct PolicyOptions {
   double ada_floor = 0.2;  // Ada-KV: each head keeps at least this share of the mean head budget
   int refresh = 64;        // ekva-online: decode steps between group-budget refreshes
   // ekva, ekva-random-groups, rarity-tokens: the surprisal reserve (surprisal.h)
-  ReserveOptions reserve;
+  ReserveOverrides reserve;
   std::optional<BudgetPlan> plan;  // budgets per (layer, head, group); ekva's groups
   uint64_t seed = 0;               // ekva-random-groups: the random expert labels
 };
@@ -48,7 +59,15 @@ class KvPolicy {
   static const std::vector<std::string>& names();
 
   const PolicyOptions& options() const { return options_; }
+  // The surprisal reserve's parameters in force: the options' overrides over the plan's values.
+  const ReserveOptions& reserve() const { return reserve_; }
   bool keeps_everything() const { return kind_ == Kind::kFull; }
+  // Whether the policy ranks slots by their cached keys (keydiff) rather than by attention: its
+  // scores must then be refreshed from host K pages (score_keys) before each compression and
+  // eviction, which a backend that keeps K on a device only cannot serve.
+  bool ranks_keys() const { return kind_ == Kind::kKeyDiff; }
+  // keydiff: every retained slot of `seq` scored by score_key_distinctness; nothing otherwise.
+  void score_keys(KvLayout& layout, const KvPages& pages, int seq) const;
   // Per prompt token: 1 when its attention should feed the retention scores during prefill.
   std::vector<uint8_t> prefill_score_queries(int prompt_len) const;
   // Whether decode queries add their attention to the scores.
@@ -71,6 +90,7 @@ class KvPolicy {
     kSnapKv,
     kPyramidKv,
     kAdaKv,
+    kKeyDiff,
     kEkva,
     kEkvaQuota,
     kEkvaRandomGroups,
@@ -93,7 +113,9 @@ class KvPolicy {
   bool head_adaptive() const { return kind_ == Kind::kAdaKv || reserves(); }
   bool uses_plan() const { return kind_ >= Kind::kEkva && kind_ <= Kind::kRarityTokens; }
   std::vector<double> surprisal(const PromptRouting& prompt, int prompt_len) const;
-  bool pools_scores() const { return kind_ != Kind::kStreaming && kind_ != Kind::kH2o; }
+  bool pools_scores() const {
+    return kind_ != Kind::kStreaming && kind_ != Kind::kH2o && kind_ != Kind::kKeyDiff;
+  }
   // ekva-online: group budgets follow the attention mass each group's retained tokens drew so far.
   void refresh_group_budgets(const KvLayout& layout, int seq);
   void plan_budgets(const KvLayout& layout, int seq, int prompt_len);
@@ -102,6 +124,7 @@ class KvPolicy {
                           int32_t end) const;
 
   PolicyOptions options_;
+  ReserveOptions reserve_;
   Kind kind_;
   int num_layers_;
   int num_kv_heads_;
@@ -109,5 +132,12 @@ class KvPolicy {
   ModelSpec spec_;
   std::vector<SequenceBudgets> budgets_;  // per sequence
 };
+
+// KeyDiff (2025): keys unlike the rest of their head's cache draw attention that no other key can
+// stand in for, whatever the query, so the least similar keys are the ones to keep. Sets each
+// slot's score to -cos(k, a), where the anchor a is the mean of the table's keys scaled to unit
+// length (the paper's anchor: unit keys, so that a few long keys do not pull it their way). A zero
+// key or a zero anchor has no direction and scores 0.
+void score_key_distinctness(HeadTable& table, const KvPages& pages);
 
 }  // namespace ekva

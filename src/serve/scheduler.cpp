@@ -39,7 +39,7 @@ struct Scheduler::Active {
 
 Scheduler::Scheduler(const Model& model, const SchedulerOptions& options)
     : engine_(model, EngineOptions{options.max_sequences, options.kv, options.kv_capacity_pages,
-                                   options.backend}),
+                                   options.backend, options.device}),
       options_(options),
       capacity_pages_(engine_.layout().capacity_pages()) {
   if (options.max_sequences < 1) {
@@ -49,8 +49,7 @@ Scheduler::Scheduler(const Model& model, const SchedulerOptions& options)
     fail(ErrorKind::kInvalidArgument, "prefill chunk must be >= 1 token, got {}",
          options.prefill_chunk);
   }
-  static_cast<void>(
-      KvPolicy(options.policy, model.spec()));  // refuses a bad default policy now, not per request
+  engine_.check_policy(options.policy);  // refuses a bad default policy now, not per request
   for (int seq = options.max_sequences - 1; seq >= 0; --seq) free_sequences_.push_back(seq);
 }
 
@@ -80,8 +79,7 @@ uint64_t Scheduler::submit(GenerationRequest request) {
   if (request.max_tokens < 1) {
     fail(ErrorKind::kInvalidArgument, "max tokens must be >= 1, got {}", request.max_tokens);
   }
-  if (request.policy)
-    static_cast<void>(KvPolicy(*request.policy, s));  // the same checks the engine makes later
+  if (request.policy) engine_.check_policy(*request.policy);  // as set_policy checks it later
   // As generate: stop at the context's end rather than fail, since the prompt fitted.
   const int budget = static_cast<int>(
       std::min<int64_t>(request.max_tokens, static_cast<int64_t>(s.max_position) - prompt_len + 1));

@@ -37,6 +37,7 @@ struct SchedulerOptions {
   KvFormat kv;                    // page size and stored element type
   int64_t kv_capacity_pages = 0;  // 0: every sequence at the model's full context
   BackendFactory backend;         // empty: the CPU backend
+  std::string device;             // what runs `backend` (EngineOptions::device)
   PolicyOptions policy;           // requests without their own policy use this one
 };
 
@@ -92,6 +93,9 @@ class Scheduler {
   // Reads only constants, so any thread may call it.
   int64_t pages_to_admit(int prompt_len, int max_tokens) const;
   int64_t capacity_pages() const { return capacity_pages_; }
+  // What the engine refuses of a policy (Engine::check_policy); reads only constants, so any
+  // thread may call it.
+  void check_policy(const PolicyOptions& policy) const { engine_.check_policy(policy); }
 
   // Checks the request (kInvalidArgument; kOutOfMemory when it could never be admitted) and
   // queues it. Returns its id.

@@ -143,7 +143,7 @@ struct Server::State {
       if (r.kv_policy) policy.name = *r.kv_policy;
       if (r.kv_budget) policy.budget = r.kv_budget;
       try {
-        static_cast<void>(KvPolicy(policy, spec));
+        scheduler.check_policy(policy);
       } catch (const Error& e) {
         throw FieldError(r.kv_budget && !r.kv_policy ? "kv_budget" : "kv_policy", e.what());
       }

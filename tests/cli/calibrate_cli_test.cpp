@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "kv/budget_plan.h"
 #include "support/run_ekva.h"
 
 namespace ekva {
@@ -45,6 +46,24 @@ TEST(CalibrateCli, StatsToPlanToGeneration) {
                         plan);
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.out.find("budget plan"), std::string::npos) << r.out;
+  // The surprisal reserve travels in the plan; --reserve-* on a command that runs it override it.
+  EXPECT_EQ(BudgetPlan::load(plan).reserve.threshold, ReserveOptions{}.threshold);
+  const std::string tuned = (dir / "tuned.json").string();
+  r = testing::run_ekva("plan --stats " + stats +
+                        " --budget 0.25 --reserve-threshold 2.5 --reserve-cap 0.1 --out " + tuned);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(BudgetPlan::load(tuned).reserve.threshold, 2.5);
+  EXPECT_EQ(BudgetPlan::load(tuned).reserve.cap, 0.1);
+  r = testing::run_ekva("plan --stats " + stats + " --budget 0.25 --reserve-cap 1.5 --out " +
+                        (dir / "bad.json").string());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("--reserve-cap: 1.5"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(dir / "bad.json"));
+  r = testing::run_ekva("generate --model " + kModel +
+                        " --ids 1,2,3 --max-new-tokens 1 --policy ekva --plan " + tuned +
+                        " --reserve-cap 1.5");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("cap 1.5"), std::string::npos) << r.out;
   r = testing::run_ekva("plan --stats " + stats + " --budget 0.1 --floor 0.05 --out " +
                         (dir / "x.json").string());
   EXPECT_EQ(r.code, 1);

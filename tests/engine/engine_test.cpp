@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "support/pages_off_host.h"
 #include "support/reference_forward.h"
 
 namespace ekva {
@@ -144,6 +145,34 @@ TEST(Engine, APlanAloneKeepsItsBudgetAndItsSinksAndRecentWindow) {
     for (int i = 0; i < 5; ++i) engine.decode(0, 7);
     EXPECT_EQ(engine.layout().retained_tokens(), segments * 108) << name;
   }
+}
+
+TEST(Engine, RefusesKeyDiffWhereTheKeysAreNotOnTheHost) {
+  const auto model = Model::load(kMixtral);
+  EngineOptions off_host;
+  off_host.backend = testing::pages_off_host();
+  off_host.device = "cuda";
+  PolicyOptions keydiff;
+  keydiff.name = "keydiff";
+  keydiff.budget = 0.25;
+  try {
+    Engine engine(*model, off_host, keydiff);
+    FAIL() << "keydiff was accepted on a backend without host pages";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUnsupported);
+    const std::string what = e.what();
+    EXPECT_NE(what.find("'keydiff'"), std::string::npos) << what;
+    EXPECT_NE(what.find("cuda backend"), std::string::npos) << what;
+  }
+  Engine engine(*model, off_host);
+  EXPECT_THROW(engine.check_policy(keydiff), Error);
+  EXPECT_THROW(engine.set_policy(0, keydiff), Error);
+  EXPECT_EQ(engine.policy(0), nullptr);  // a refused policy leaves the sequence as it was
+  PolicyOptions adakv = keydiff;
+  adakv.name = "adakv";  // ranks by attention scores, which every backend fills
+  EXPECT_NO_THROW(engine.set_policy(0, adakv));
+  // The CPU backend has its keys on the host.
+  EXPECT_NO_THROW(Engine(*model, {}, keydiff));
 }
 
 // A checkpoint whose final norm holds a NaN gives an error naming the model, not tokens.

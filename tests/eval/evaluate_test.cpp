@@ -59,9 +59,10 @@ TEST(RunPolicies, SharedPrefillMatchesGeneratePerPolicy) {
   const auto [prefix, suffix] =
       instance_tokens(instance, *tokenizer, *model->spec().bos_id, QueryMode::kAware);
   EXPECT_TRUE(suffix.empty());
-  const std::vector<PolicyOptions> policies = {policy("full", 1.0), policy("snapkv", 0.3),
-                                               policy("h2o", 0.3), policy("ekva", 0.3),
-                                               policy("streaming", 0.3)};
+  // keydiff shares the unscored prefill of full and streaming, and rescores its own copy.
+  const std::vector<PolicyOptions> policies = {policy("full", 1.0),      policy("snapkv", 0.3),
+                                               policy("h2o", 0.3),       policy("ekva", 0.3),
+                                               policy("streaming", 0.3), policy("keydiff", 0.3)};
   const std::vector<PolicyOutcome> shared = run_policies(*model, prefix, {}, policies, 6);
   ASSERT_EQ(shared.size(), policies.size());
   for (size_t p = 0; p < policies.size(); ++p) {

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "engine/generate.h"
+#include "support/host_kv.h"
 
 namespace ekva {
 namespace {
@@ -181,6 +182,143 @@ TEST(Policy, EkvaPinsItsSurprisalReserveOnAdaKvBudgets) {
   EXPECT_EQ(retained[0], retained[1]);
 }
 
+ModelSpec one_head(int head_dim) {
+  ModelSpec s;
+  s.num_layers = 1;
+  s.num_kv_heads = 1;
+  s.num_heads = 1;
+  s.head_dim = head_dim;
+  s.max_position = 64;
+  return s;
+}
+
+std::set<int32_t> positions(const HeadTable& t) {
+  std::set<int32_t> kept;
+  for (const TokenMeta& m : t.meta) kept.insert(m.position);
+  return kept;
+}
+
+// Keys worked out by hand (head dimension 2, pages of 2, so slots span pages). Unit keys (1, 0),
+// (1, 0), (0, 1) sum to the anchor (2, 1); the zero key adds nothing. A key's length does not
+// count, only its direction: (2, 0) scores as (1, 0). With the raw mean (3, 3) / 4 as the anchor,
+// (1, 0) and (0, 3) would tie; the paper's unit-key anchor ranks (0, 3) as the more distinct.
+TEST(KeyDistinctness, NegativeCosineToTheMeanOfTheUnitKeys) {
+  testing::HostKv cache(one_head(2), 1, /*page_size=*/2);
+  const std::vector<std::vector<float>> keys = {{1, 0}, {2, 0}, {0, 3}, {0, 0}};
+  for (size_t p = 0; p < keys.size(); ++p) {
+    TokenMeta m;
+    m.position = static_cast<int32_t>(p);
+    m.score = 9.0f;  // attention scores are replaced, not added to
+    cache.append(0, 0, 0, keys[p].data(), keys[p].data(), m);
+  }
+  HeadTable& t = cache.table(0, 0, 0);
+  score_key_distinctness(t, cache.pages);
+  EXPECT_NEAR(t.meta[0].score, -2 / std::sqrt(5.0), 1e-6);
+  EXPECT_NEAR(t.meta[1].score, -2 / std::sqrt(5.0), 1e-6);
+  EXPECT_NEAR(t.meta[2].score, -1 / std::sqrt(5.0), 1e-6);
+  EXPECT_EQ(t.meta[3].score, 0.0f);
+  // Keys that cancel leave no anchor direction: every key scores 0.
+  testing::HostKv opposite(one_head(2), 1, 2);
+  const float right[] = {1, 0}, left[] = {-3, 0};
+  opposite.append(0, 0, 0, right, right, TokenMeta{0, -1, 5.0f});
+  opposite.append(0, 0, 0, left, left, TokenMeta{1, -1, 5.0f});
+  score_key_distinctness(opposite.table(0, 0, 0), opposite.pages);
+  EXPECT_EQ(opposite.table(0, 0, 0).meta[0].score, 0.0f);
+  EXPECT_EQ(opposite.table(0, 0, 0).meta[1].score, 0.0f);
+}
+
+// keydiff through the policy framework on keys worked out by hand: a budget of 4 tokens per head,
+// a window of 1. After the prompt, unit-key anchor ~(4.99, 1.05) (11.9 degrees): besides the window
+// (position 7) it keeps (-1, 0), (0, 1) and (1, -0.1) (17.6 degrees off). A decode step appends
+// (0, -1); the anchor is then the mean over what is retained, ~(0.995, -0.0995): (1, -0.1) now lies
+// on it and goes, while (1, 0) (5.7 degrees off) stays.
+TEST(Policy, KeyDiffKeepsTheMostDistinctKeysAndReranksAtEveryDecodeStep) {
+  testing::HostKv cache(one_head(2), 1, 2);
+  const std::vector<std::vector<float>> keys = {{1, 0},     {1, 0.1f}, {1, -0.1f}, {0, 1},
+                                                {1, 0.05f}, {-1, 0},   {1, 0},     {1, 0}};
+  const int n = static_cast<int>(keys.size());
+  for (int p = 0; p < n; ++p) cache.append(0, 0, 0, keys[p].data(), keys[p].data(), TokenMeta{p});
+  cache.layout.advance(0, n);
+  PolicyOptions o;
+  o.name = "keydiff";
+  o.budget = 4;
+  o.window = 1;
+  KvPolicy policy(o, one_head(2));
+  EXPECT_TRUE(policy.ranks_keys());
+  EXPECT_FALSE(policy.scores_decode());  // query-agnostic: no attention feeds its scores
+  EXPECT_EQ(policy.prefill_score_queries(n), std::vector<uint8_t>(n, 0));
+  policy.score_keys(cache.layout, cache.pages, 0);
+  const EvictionPlan compressed = policy.compress(cache.layout, 0, n);
+  EXPECT_EQ(compressed.pool_kernel, 1);  // a key's distinctness is its own, not its neighbours'
+  apply_on_host(compressed, cache.layout, cache.pages);
+  EXPECT_EQ(positions(cache.table(0, 0, 0)), (std::set<int32_t>{2, 3, 5, 7}));
+
+  const float down[] = {0, -1};
+  cache.append(0, 0, 0, down, down, TokenMeta{n});
+  cache.layout.advance(0, 1);
+  policy.score_keys(cache.layout, cache.pages, 0);
+  apply_on_host(policy.evict(cache.layout, 0), cache.layout, cache.pages);
+  EXPECT_EQ(positions(cache.table(0, 0, 0)), (std::set<int32_t>{3, 5, 7, 8}));
+}
+
+// What keydiff keeps of one head: the recent window, then the highest key distinctness (earlier
+// position on a tie), scored on the table as it stands.
+std::set<int32_t> keydiff_reference(HeadTable t, const KvPages& pages, int keep, int32_t end,
+                                    int window) {
+  score_key_distinctness(t, pages);
+  std::vector<TokenMeta> rest;
+  std::set<int32_t> kept;
+  for (const TokenMeta& m : t.meta) {
+    if (m.position >= end - window) {
+      kept.insert(m.position);
+    } else {
+      rest.push_back(m);
+    }
+  }
+  std::sort(rest.begin(), rest.end(), [](const TokenMeta& a, const TokenMeta& b) {
+    return a.score > b.score || (a.score == b.score && a.position < b.position);
+  });
+  for (size_t i = 0; i < rest.size() && static_cast<int>(kept.size()) < keep; ++i)
+    kept.insert(rest[i].position);
+  return kept;
+}
+
+// The engine scores keydiff's keys from its host pages before compressing and before each decode
+// step's eviction (without that, every score is 0 and the earliest positions would stay).
+TEST(Policy, TheEngineRanksKeyDiffByTheCachedKeys) {
+  const auto model = Model::load(kQwen2);
+  const ModelSpec& s = model->spec();
+  PolicyOptions o;
+  o.name = "keydiff";
+  o.budget = 0.25;
+  Engine engine(*model, {}, o);
+  const int n = 200, keep = 50;
+  engine.prefill(0, prompt_of(n));
+  auto expect_reference = [&](Engine& before, int32_t end) {
+    const KvPages& pages = *before.backend().host_pages();
+    for (int l = 0; l < s.num_layers; ++l) {
+      for (int h = 0; h < s.num_kv_heads; ++h) {
+        EXPECT_EQ(positions(engine.layout().table(0, l, h)),
+                  keydiff_reference(before.layout().table(0, l, h), pages, keep, end, o.window))
+            << "layer " << l << " head " << h << " at position " << end;
+      }
+    }
+  };
+  {
+    Engine before = engine;
+    engine.compress(0, n);
+    expect_reference(before, n);
+  }
+  for (int step = 0; step < 3; ++step) {
+    Engine before = engine;  // the step's token appended, not yet evicted
+    ForwardBatch batch;
+    batch.add(11 + step, 0, before.layout().next_position(0));
+    before.step(batch);
+    engine.decode(0, 11 + step);
+    expect_reference(before, n + step + 1);
+  }
+}
+
 TEST(Policy, RejectsUnknownNamesBadBudgetsAndForeignPlans) {
   const auto model = Model::load(kMixtral);
   PolicyOptions o;
@@ -231,6 +369,95 @@ TEST(BudgetPlanFile, RoundTripsAndRejectsBadFiles) {
   expect_error([](auto& j) { j["expert_groups"][0][0] = 5; }, "group 5");
   expect_error([](auto& j) { j.erase("model"); }, "'model'");
   fs::remove(p);
+}
+
+TEST(BudgetPlanFile, CarriesTheSurprisalReserveAndOldPlansLoadWithItsDefaults) {
+  const auto model = Model::load(kMixtral);
+  BudgetPlan plan = BudgetPlan::uniform(model->spec(), 2, BudgetPlan::Unit::kFraction, 0.2);
+  EXPECT_EQ(plan.reserve.threshold, ReserveOptions{}.threshold);
+  EXPECT_EQ(plan.reserve.cap, ReserveOptions{}.cap);
+  plan.reserve = {2.5, 0.1};
+  const fs::path p =
+      fs::temp_directory_path() / ("ekva_reserve_" + std::to_string(::getpid()) + ".json");
+  plan.save(p);
+  const BudgetPlan back = BudgetPlan::load(p);
+  fs::remove(p);
+  EXPECT_EQ(back.reserve.threshold, 2.5);
+  EXPECT_EQ(back.reserve.cap, 0.1);
+  EXPECT_EQ(back.to_json(), plan.to_json());
+
+  nlohmann::json old = plan.to_json();  // as written before plans carried a reserve
+  old.erase("reserve");
+  EXPECT_EQ(BudgetPlan::from_json(old, "old.json").reserve.threshold, ReserveOptions{}.threshold);
+  EXPECT_EQ(BudgetPlan::from_json(old, "old.json").reserve.cap, ReserveOptions{}.cap);
+  nlohmann::json partial = plan.to_json();  // a field left out takes its default
+  partial["reserve"].erase("threshold");
+  EXPECT_EQ(BudgetPlan::from_json(partial, "p.json").reserve.threshold, ReserveOptions{}.threshold);
+  EXPECT_EQ(BudgetPlan::from_json(partial, "p.json").reserve.cap, 0.1);
+
+  auto expect_error = [&](const nlohmann::json& reserve, const std::string& needle) {
+    nlohmann::json j = plan.to_json();
+    j["reserve"] = reserve;
+    try {
+      BudgetPlan::from_json(j, "plan.json");
+      ADD_FAILURE() << "accepted: " << reserve.dump();
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidFile);
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("plan.json"), std::string::npos) << e.what();
+    }
+  };
+  expect_error({{"threshold", "3"}}, "field 'reserve.threshold' must be a finite number");
+  expect_error({{"cap", 1.5}}, "field 'reserve.cap' must be a number in [0, 1]");
+  expect_error({{"cap", -0.1}}, "field 'reserve.cap'");
+  expect_error({{"cap", nullptr}}, "field 'reserve.cap'");
+  expect_error({{"treshold", 2}}, "field 'reserve.treshold' is unknown");
+  expect_error(0.25, "field 'reserve' must be an object");
+}
+
+// A policy's reserve: its own options field by field over the plan's, the plan's over the
+// defaults.
+TEST(Policy, TheReserveComesFromThePlanUnlessTheOptionsOverrideIt) {
+  const auto model = Model::load(kQwen2);
+  const ModelSpec& s = model->spec();
+  PolicyOptions o;
+  o.name = "ekva";
+  o.budget = 0.2;
+  EXPECT_EQ(KvPolicy(o, s).reserve().threshold, ReserveOptions{}.threshold);
+  EXPECT_EQ(KvPolicy(o, s).reserve().cap, ReserveOptions{}.cap);
+  o.plan = BudgetPlan::uniform(s, s.num_experts, BudgetPlan::Unit::kFraction, 0.2);
+  o.plan->reserve = {1.5, 0.1};
+  EXPECT_EQ(KvPolicy(o, s).reserve().threshold, 1.5);
+  EXPECT_EQ(KvPolicy(o, s).reserve().cap, 0.1);
+  o.reserve.threshold = 4.0;
+  EXPECT_EQ(KvPolicy(o, s).reserve().threshold, 4.0);
+  EXPECT_EQ(KvPolicy(o, s).reserve().cap, 0.1);
+  o.reserve.cap = 0.5;
+  EXPECT_EQ(KvPolicy(o, s).reserve().cap, 0.5);
+  o.reserve.cap = 2.0;  // an override is checked as the plan's fields are
+  EXPECT_THROW(KvPolicy(o, s), Error);
+
+  // The plan's reserve is the one compression uses: the prompt's two rare tokens are pinned at the
+  // plan's threshold, and not at one no token reaches.
+  std::vector<int32_t> prompt(240, 7);
+  prompt[60] = 150;
+  prompt[61] = 151;
+  Engine engine(*model);
+  engine.prefill(0, prompt);
+  for (const double threshold : {3.0, 1e9}) {
+    PolicyOptions r;
+    r.name = "rarity-tokens";
+    r.budget = 0.25;
+    r.ada_floor = 1.0;  // no scores were gathered: every head keeps the mean, room for the reserve
+    r.plan = BudgetPlan::uniform(s, s.num_experts, BudgetPlan::Unit::kFraction, 0.25);
+    r.plan->reserve = {threshold, 0.25};
+    KvPolicy policy(r, s);
+    const EvictionPlan plan = policy.compress(engine.layout(), 0, 240, PromptRouting{prompt, {}});
+    ASSERT_FALSE(plan.segments.empty());
+    const std::vector<int32_t> reserved =
+        threshold == 3.0 ? std::vector<int32_t>{60, 61} : std::vector<int32_t>{};
+    for (const SegmentEviction& segment : plan.segments) EXPECT_EQ(segment.pinned, reserved);
+  }
 }
 
 // A long decode with eviction holds memory flat: after warm-up, no page is ever reserved again.

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "roofline/serving.h"
+#include "support/pages_off_host.h"
 
 namespace ekva::serve {
 namespace {
@@ -115,7 +116,8 @@ TEST_P(SameTokensAsGenerate, ForEveryRequestOfABatch) {
 INSTANTIATE_TEST_SUITE_P(Policies, SameTokensAsGenerate,
                          ::testing::Values(Case{"full", std::nullopt, 1024},
                                            Case{"snapkv", 0.5, 1024}, Case{"ekva", 0.3, 1024},
-                                           Case{"snapkv", 0.5, 32}, Case{"ekva", 0.3, 32, true}),
+                                           Case{"keydiff", 0.3, 1024}, Case{"snapkv", 0.5, 32},
+                                           Case{"ekva", 0.3, 32, true}),
                          [](const auto& test) {
                            return test.param.policy + "_chunk" +
                                   std::to_string(test.param.prefill_chunk) +
@@ -335,6 +337,31 @@ TEST(SchedulerSubmit, RefusesBadRequests) {
   r.max_tokens = 4;
   r.policy = policy_named("no-such-policy", std::nullopt);
   EXPECT_THROW(s.submit(r), Error);
+  EXPECT_TRUE(s.idle());
+}
+
+// Where the keys stay on the device, keydiff is refused up front, as the default policy and per
+// request, rather than when the request's prompt is compressed.
+TEST(SchedulerSubmit, RefusesKeyDiffWhereTheKeysAreNotOnTheHost) {
+  const auto model = Model::load(kModelDir);
+  SchedulerOptions o;
+  o.backend = testing::pages_off_host();
+  o.device = "cuda";
+  o.policy = policy_named("keydiff", 0.25);
+  EXPECT_THROW(Scheduler(*model, o), Error);
+  o.policy = policy_named("snapkv", 0.25);
+  Scheduler s(*model, o);
+  GenerationRequest r;
+  r.prompt = {1, 2, 3};
+  r.policy = policy_named("keydiff", 0.25);
+  try {
+    s.submit(r);
+    ADD_FAILURE() << "keydiff was queued";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'keydiff'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("cuda"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(s.check_policy(*r.policy), Error);
   EXPECT_TRUE(s.idle());
 }
 

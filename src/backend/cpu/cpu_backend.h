@@ -22,6 +22,7 @@ class CpuBackend : public Backend {
                          ForwardObserver* observer) override;
   void apply(const EvictionPlan& plan, KvLayout& layout) override;
   void disable_expert(int layer, int expert) override { disabled_ = {layer, expert}; }
+  const KvPages* host_pages() const override { return &pages_; }
 
   const KvPages& pages() const { return pages_; }
 

@@ -39,6 +39,7 @@ EngineOptions gpu_options(int num_sequences = 1) {
   o.num_sequences = num_sequences;
   o.kv.dtype = DType::kBF16;
   o.backend = cuda_backend_factory();
+  o.device = "cuda";
   return o;
 }
 
@@ -293,9 +294,17 @@ TEST_P(CudaPolicyTest, RetainsTheCpuReferencePositions) {
   EXPECT_EQ(cpu_engine.layout().retained_tokens(), gpu_engine.layout().retained_tokens());
 }
 
-INSTANTIATE_TEST_SUITE_P(EveryPolicy, CudaPolicyTest,
-                         ::testing::ValuesIn(std::vector<std::string>(KvPolicy::names().begin() + 1,
-                                                                      KvPolicy::names().end())),
+// Every policy but full, and keydiff, which ranks keys this backend keeps on the device (the
+// engine refuses it, below).
+std::vector<std::string> device_policies() {
+  std::vector<std::string> names;
+  for (const std::string& name : KvPolicy::names()) {
+    if (name != "full" && name != "keydiff") names.push_back(name);
+  }
+  return names;
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryPolicy, CudaPolicyTest, ::testing::ValuesIn(device_policies()),
                          [](const ::testing::TestParamInfo<std::string>& p) {
                            std::string n = p.param;
                            std::replace(n.begin(), n.end(), '-', '_');
@@ -363,6 +372,20 @@ TEST_F(CudaEngineTest, EvictionsOfABatchInOnePassEqualThemOneByOne) {
     const std::vector<float> want = other->run(plan_step(s, next, one_by_one), one_by_one, nullptr);
     const std::vector<float> got = backend.run(plan_step(s, next, layout), layout, nullptr);
     EXPECT_EQ(got, want);
+  }
+}
+
+TEST_F(CudaEngineTest, RefusesKeyDiffByNameAndDevice) {
+  PolicyOptions keydiff;
+  keydiff.name = "keydiff";
+  keydiff.budget = 0.25;
+  try {
+    Engine engine(*model_, gpu_options(), keydiff);
+    FAIL() << "keydiff was accepted on the GPU";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("'keydiff'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("cuda backend"), std::string::npos) << e.what();
   }
 }
 
