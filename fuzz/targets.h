@@ -3,13 +3,17 @@
 // inputs kept in tests/fixtures/fuzz-regressions. Each feeds the input to one public loader; an
 // ekva::Error is the expected answer to bad input, and anything else (another exception, a
 // signal, a sanitizer report) is a finding.
+#include <fcntl.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -28,14 +32,35 @@
 namespace ekva::fuzz {
 
 // Loaders that take a path read the input from this per-process file; `name` keeps the file name
-// the loader dispatches on (tokenizer.json against a SentencePiece model).
+// the loader dispatches on (tokenizer.json against a SentencePiece model). The directory is made
+// once, not per input, and the file is written with write(2), not an ofstream (whose 8 KiB buffer
+// ASan allocates and fills for every input): the loader reading the file back is what is tested.
+// scripts/fuzz.sh puts TMPDIR on tmpfs, where writing and reading it back costs no disk.
+inline std::filesystem::path input_directory() {
+  return std::filesystem::temp_directory_path() / ("ekva_fuzz_" + std::to_string(::getpid()));
+}
+
 inline std::filesystem::path input_file(std::string_view input, const std::string& name) {
-  const auto dir =
-      std::filesystem::temp_directory_path() / ("ekva_fuzz_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
+  static const std::filesystem::path dir = input_directory();
   const auto path = dir / name;
-  std::ofstream(path, std::ios::binary | std::ios::trunc)
-      .write(input.data(), static_cast<std::streamsize>(input.size()));
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0 && errno == ENOENT) {  // the first input, or remove_input_files() has run
+    std::filesystem::create_directories(dir);
+    fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  }
+  // Not an ekva::Error: a harness that cannot write its input must not pass as a loader's answer.
+  if (fd < 0) throw std::runtime_error(path.string() + ": " + std::strerror(errno));
+  for (size_t done = 0; done < input.size();) {
+    const ssize_t n = ::write(fd, input.data() + done, input.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const std::string reason = std::strerror(errno);
+      ::close(fd);
+      throw std::runtime_error(path.string() + ": " + reason);
+    }
+    done += static_cast<size_t>(n);
+  }
+  ::close(fd);
   return path;
 }
 
@@ -43,8 +68,17 @@ inline std::filesystem::path input_file(std::string_view input, const std::strin
 // removed by scripts/fuzz.sh).
 inline void remove_input_files() {
   std::error_code ec;
-  std::filesystem::remove_all(
-      std::filesystem::temp_directory_path() / ("ekva_fuzz_" + std::to_string(::getpid())), ec);
+  std::filesystem::remove_all(input_directory(), ec);
+}
+
+// A file of the repository the targets read (the fixture tokenizers; the embedded model's config
+// and tokenizer): under the sources this was built from, or under $EKVA_FUZZ_ROOT when set (a copy
+// of those files in the repository's layout, as scripts/fuzz-pack.sh packs them for another
+// machine, where the path compiled in does not exist).
+inline std::filesystem::path source_file(const std::string& relative) {
+  const char* root = std::getenv("EKVA_FUZZ_ROOT");
+  if (root != nullptr && *root != '\0') return std::filesystem::path(root) / relative;
+  return std::filesystem::path(EKVA_FIXTURES) / ".." / ".." / relative;
 }
 
 inline void safetensors_header(std::string_view input) {
@@ -84,7 +118,7 @@ inline void sentencepiece_model(std::string_view input) {
 inline void tokenize(std::string_view input) {
   static const auto tokenizers = [] {
     std::vector<std::unique_ptr<Tokenizer>> t;
-    const std::filesystem::path dir = std::filesystem::path(EKVA_FIXTURES) / "tokenizers";
+    const std::filesystem::path dir = source_file("tests/fixtures/tokenizers");
     for (const char* name : {"allenai_dolma2.json", "allenai_gpt-neox-olmo-dolma-v1_5.json",
                              "mistral-v3.tokenizer.json", "mistral-v3.tokenizer.model"}) {
       t.push_back(load_tokenizer(dir / name));
@@ -131,8 +165,7 @@ inline void measured_times(std::string_view input) {
 // A POST /v1/completions body, checked against the embedded model and its tokenizer as the
 // server checks it.
 inline void completion_request(std::string_view input) {
-  static const std::filesystem::path dir =
-      std::filesystem::path(EKVA_FIXTURES) / ".." / ".." / "models" / "ekva-moe-8m";
+  static const std::filesystem::path dir = source_file("models/ekva-moe-8m");
   static const ModelSpec spec =
       parse_model_config(read_json_file(dir / "config.json"), "config.json");
   static const std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(dir);

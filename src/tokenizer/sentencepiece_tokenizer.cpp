@@ -2,6 +2,8 @@
 
 #include <sentencepiece_processor.h>
 
+#include <exception>
+
 #include "core/error.h"
 #include "tokenizer/utf8.h"
 
@@ -10,7 +12,15 @@ namespace ekva {
 SentencePieceTokenizer::SentencePieceTokenizer(const std::filesystem::path& model_file,
                                                const SpecialTokenSettings& settings)
     : processor_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {
-  const auto status = processor_->Load(model_file.string());
+  sentencepiece::util::Status status;
+  try {
+    status = processor_->Load(model_file.string());
+  } catch (const std::exception& e) {
+    // Not every bad model comes back as a status: the trie library inside SentencePiece throws
+    // (darts_clone's "zero-length key", found by fuzz_sentencepiece_model).
+    fail(ErrorKind::kInvalidFile, "{}: not a SentencePiece model: {}", model_file.string(),
+         e.what());
+  }
   if (!status.ok()) {
     fail(ErrorKind::kInvalidFile, "{}: not a SentencePiece model: {}", model_file.string(),
          status.ToString());
