@@ -11,23 +11,14 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=$(cd "${1:-$root/build-cuda}" && pwd)
 lib=/lib/x86_64-linux-gnu
+. "$root/scripts/pack-common.sh"
 pack() {  # NAME FILES...
   local dir=$build/$1
   shift
-  rm -rf "$dir" && mkdir -p "$dir/devpack"
+  pack_stage "$dir"
   cp -L "$@" "$dir/devpack/"
   find "$dir/devpack" -type f ! -name '*.so*' -exec strip {} +
-  tar cf - -C "$dir" devpack | xz -9 -T2 > "$dir/devpack.tar.xz"
-  rm -rf "$dir/devpack"
-  cat > "$dir/run.sh" <<'RUN'
-#!/bin/bash
-here=$(cd "$(dirname "$0")" && pwd)
-[ -d "$here/devpack" ] || tar xJf "$here/devpack.tar.xz" -C "$here"
-export LD_LIBRARY_PATH=$here/devpack:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-exec "$@"
-RUN
-  chmod +x "$dir/run.sh"
-  ls -la "$dir/devpack.tar.xz"
+  pack_seal "$dir"
 }
 common="$lib/libfmt.so.9 $lib/libgomp.so.1 $lib/libsentencepiece.so.0"
 # serve and loadgen link Debian's cpp-httplib 0.11 (Ubuntu 24.04 has 0.14) and its Brotli.
