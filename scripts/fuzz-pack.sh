@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Packs the libFuzzer targets for a machine with more cores that runs Ubuntu 24.04 without this
+# repository's dependencies, into one folder to carry there, build-fuzz/fuzzpack/ (about 8 MB: a
+# device call carries it and the working tree within 64 MiB, and the tree is 55 MiB):
+#   devpack.tar.xz  ekva_fuzz (every target in one binary, fuzz/pack.cpp; stripped, since that
+#                   machine has no symbolizer: build-fuzz/fuzz/ekva_fuzz, same build ID, turns the
+#                   offsets of a report into names here) with a link fuzz_NAME per target; the
+#                   Debian 12 libraries it loads that such a machine lacks; the corpora (the seeds
+#                   and whatever build-fuzz/corpus/ has grown); the repository files the targets
+#                   open, under root/ (found through EKVA_FUZZ_ROOT: the path compiled in is this
+#                   machine's)
+#   run.sh          unpacks on first use and runs its arguments with the libraries (pack-common.sh)
+#   fuzz-all.sh     runs every packed target at once (scripts/fuzz-pack-run.sh says how)
+#
+#   scripts/fuzz-pack.sh [TARGET...]
+#   build-fuzz/fuzzpack/fuzz-all.sh OUT [SECONDS=540] [WORKERS=nproc] [RUNS=10000000]
+# Without TARGETs it packs every target but tokenize and model_config, which docs/HARDENING.md
+# records at 10 million executions.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+. "$root/scripts/pack-common.sh"
+build=$root/build-fuzz
+targets=("$@")
+if [ ${#targets[@]} -eq 0 ]; then
+  targets=(safetensors_header tokenizer_json sentencepiece_model budget_plan calibration_stats
+    hardware measured_times completion_request)
+fi
+"$root/scripts/fuzz.sh" "$(IFS=,; echo "${targets[*]}")" build
+cmake --build "$build" --parallel "$(nproc)" --target ekva_fuzz
+
+dir=$build/fuzzpack
+pack_stage "$dir"
+stage=$dir/devpack
+cp "$build/fuzz/ekva_fuzz" "$stage/"
+strip "$stage/ekva_fuzz"
+for t in "${targets[@]}"; do
+  ln -s ekva_fuzz "$stage/fuzz_$t"
+  mkdir -p "$stage/corpus/$t"
+  cp "$root/fuzz/corpus/$t"/* "$stage/corpus/$t/"
+  if [ -d "$build/corpus/$t" ]; then cp -r "$build/corpus/$t"/. "$stage/corpus/$t/"; fi
+done
+
+# What the targets open besides their input (fuzz/targets.h's source_file): the embedded model's
+# config and tokenizer, without its weights, and the fixture tokenizers.
+files=()
+case " ${targets[*]} " in *" completion_request "*)
+  for f in "$root"/models/ekva-moe-8m/*; do
+    case $f in *.safetensors) ;; *) files+=("${f#"$root"/}") ;; esac
+  done ;;
+esac
+case " ${targets[*]} " in *" tokenize "*)
+  files+=(tests/fixtures/tokenizers/allenai_dolma2.json
+    tests/fixtures/tokenizers/allenai_gpt-neox-olmo-dolma-v1_5.json
+    tests/fixtures/tokenizers/mistral-v3.tokenizer.json
+    tests/fixtures/tokenizers/mistral-v3.tokenizer.model) ;;
+esac
+mkdir -p "$stage/root"
+if [ ${#files[@]} -gt 0 ]; then (cd "$root" && cp --parents "${files[@]}" "$stage/root/"); fi
+
+# Every library ekva_fuzz loads but glibc's and GCC's own, which Ubuntu 24.04 has in newer,
+# compatible versions; the rest (fmt 9, SentencePiece, PCRE2, ICU 72, OpenBLAS and its Fortran
+# runtime) are Debian 12's and may be missing or of another soname there.
+ldd "$build/fuzz/ekva_fuzz" | awk '$2 == "=>" && $3 ~ /^\// { print $3 }' | sort -u |
+  grep -vE '/(libc|libm|libresolv|libpthread|libdl|librt|libgcc_s|libstdc\+\+)\.so|/ld-linux' |
+  xargs cp -L -t "$stage/"
+
+# ICU's data library is 31 MB (7.5 compressed), nearly all of it locales, collation and converters.
+# The tokenizers use its normalizers alone (character properties and NFC/NFD are built into
+# libicuuc), so the pack's libicudata.so.72 holds only the normalization data, as ICU's own tools
+# (icupkg, genccode; icu-devtools) package it.
+if [ -f "$stage/libicudata.so.72" ]; then
+  icu=$(mktemp -d)
+  trap 'rm -rf "$icu"' EXIT
+  mkdir "$icu/full" "$icu/items" "$icu/small"  # icupkg wants a package named as its file
+  python3 - "$stage/libicudata.so.72" "$icu/full/icudt72l.dat" <<'PY'
+# Copies the data package that the library exports as icudt72_dat out of the ELF file.
+import struct, sys
+elf = open(sys.argv[1], "rb").read()
+shoff = struct.unpack_from("<Q", elf, 0x28)[0]
+shentsize, shnum = struct.unpack_from("<HH", elf, 0x3A)
+sections = [struct.unpack_from("<IIQQQQIIQQ", elf, shoff + i * shentsize) for i in range(shnum)]
+for _, kind, _, _, offset, size, link, _, _, _ in sections:
+    if kind != 11:  # SHT_DYNSYM
+        continue
+    strings = sections[link][4]
+    for j in range(size // 24):
+        name, _, _, shndx, value, length = struct.unpack_from("<IBBHQQ", elf, offset + j * 24)
+        if elf[strings + name:elf.index(b"\0", strings + name)] == b"icudt72_dat":
+            section = sections[shndx]
+            start = section[4] + value - section[3]
+            open(sys.argv[2], "wb").write(elf[start:start + length])
+            sys.exit(0)
+sys.exit("no icudt72_dat in " + sys.argv[1])
+PY
+  icupkg -l "$icu/full/icudt72l.dat" | grep '\.nrm$' >"$icu/keep.txt"
+  icupkg -x "$icu/keep.txt" -d "$icu/items" "$icu/full/icudt72l.dat"
+  icupkg -a "$icu/keep.txt" -s "$icu/items" new "$icu/small/icudt72l.dat"
+  genccode -q -d "$icu/small" "$icu/small/icudt72l.dat"
+  sed -i 's/ icudt72l_dat=/ icudt72_dat=/' "$icu/small/icudt72l_dat.c"
+  cc -shared -fPIC -o "$stage/libicudata.so.72" -Wl,-soname,libicudata.so.72 \
+    "$icu/small/icudt72l_dat.c"
+  rm -rf "$icu"
+fi
+
+cp "$root/scripts/fuzz-pack-run.sh" "$dir/fuzz-all.sh"
+du -sh "$stage"
+pack_seal "$dir"
+du -sh "$dir"
