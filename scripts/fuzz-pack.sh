@@ -6,7 +6,7 @@
 #                   machine has no symbolizer: build-fuzz/fuzz/ekva_fuzz, same build ID, turns the
 #                   offsets of a report into names here) with a link fuzz_NAME per target; the
 #                   Debian 12 libraries it loads that such a machine lacks; the corpora (the seeds
-#                   and whatever build-fuzz/corpus/ has grown); the repository files the targets
+#                   and what build-fuzz/corpus/ has grown, merged); the repository files the targets
 #                   open, under root/ (found through EKVA_FUZZ_ROOT: the path compiled in is this
 #                   machine's)
 #   run.sh          unpacks on first use and runs its arguments with the libraries (pack-common.sh)
@@ -33,12 +33,25 @@ pack_stage "$dir"
 stage=$dir/devpack
 cp "$build/fuzz/ekva_fuzz" "$stage/"
 strip "$stage/ekva_fuzz"
+# The corpora: the seeds and what earlier runs grew in build-fuzz/corpus/ (fuzz.sh's, or a pack's
+# corpus.tar.xz unpacked there), cut by libFuzzer's merge to the inputs that add coverage, since
+# a grown corpus is mostly redundant and the pack must stay small.
+merge_tmp=$(mktemp -d "$([ -w /dev/shm ] && echo /dev/shm || echo /tmp)/ekva-fuzz-merge.XXXXXX")
 for t in "${targets[@]}"; do
   ln -s ekva_fuzz "$stage/fuzz_$t"
   mkdir -p "$stage/corpus/$t"
-  cp "$root/fuzz/corpus/$t"/* "$stage/corpus/$t/"
-  if [ -d "$build/corpus/$t" ]; then cp -r "$build/corpus/$t"/. "$stage/corpus/$t/"; fi
+  grown=()
+  if [ -d "$build/corpus/$t" ]; then grown=("$build/corpus/$t"); fi
+  if ! TMPDIR=$merge_tmp EKVA_FUZZ_TARGET=$t "$build/fuzz/ekva_fuzz" -merge=1 -timeout=30 \
+    -rss_limit_mb=4096 "$stage/corpus/$t" "$root/fuzz/corpus/$t" "${grown[@]}" \
+    >"$build/fuzzpack-merge-$t.log" 2>&1; then
+    tail -n 20 "$build/fuzzpack-merge-$t.log" >&2
+    echo "fuzz-pack: merging the $t corpus failed (build-fuzz/fuzzpack-merge-$t.log)" >&2
+    exit 1
+  fi
+  echo "corpus $t: $(find "$stage/corpus/$t" -type f | wc -l) inputs"
 done
+rm -rf "$merge_tmp"
 
 # What the targets open besides their input (fuzz/targets.h's source_file): the embedded model's
 # config and tokenizer, without its weights, and the fixture tokenizers.
