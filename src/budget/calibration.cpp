@@ -275,15 +275,14 @@ CalibrationStats CalibrationStats::from_json(const json& j, const std::string& s
     // Integers are bounded before anything is sized from them, and never narrowed silently.
     const auto integer = [&](const json& parent, const char* key, int64_t min, int64_t max) {
       const json& v = parent.at(key);
-      if (!v.is_number_integer() || v.get<int64_t>() < min || v.get<int64_t>() > max ||
-          (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(max))) {
-        fail(ErrorKind::kInvalidFile, "{}: '{}' must be an integer in [{}, {}]", source, key, min,
-             max);
+      if (!json_integer_in(v, min, max)) {
+        fail(ErrorKind::kInvalidFile, "{}: '{}' must be an integer in [{}, {}], got {}", source,
+             key, min, max, json_excerpt(v));
       }
-      return static_cast<int>(v.get<int64_t>());
+      return v.get<int64_t>();
     };
     constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();
-    const int version = integer(j, "version", 0, kMaxInt);
+    const int64_t version = integer(j, "version", 0, kMaxInt);
     if (version != kVersion) {
       fail(ErrorKind::kUnsupported, "{}: calibration stats version {} (this build reads {})",
            source, version, kVersion);
@@ -299,13 +298,21 @@ CalibrationStats CalibrationStats::from_json(const json& j, const std::string& s
       if (!(g > 0) || g > 1)
         fail(ErrorKind::kInvalidFile, "{}: grid value {} is not in (0, 1]", source, g);
     }
-    s.tokens = j.at("tokens").get<int64_t>();
+    s.tokens = integer(j, "tokens", 0, std::numeric_limits<int64_t>::max());
     s.chunks = integer(j, "chunks", 0, kMaxInt);
     s.chunk_tokens = integer(j, "chunk_tokens", 0, kMaxInt);
     s.base_loss = j.at("base_loss").get<double>();
     s.stats_seconds = j.at("stats_seconds").get<double>();
     s.ablation_seconds = j.at("ablation_seconds").get<double>();
-    s.moe = j.at("moe").get<std::vector<uint8_t>>();
+    const json& moe = j.at("moe");
+    if (!moe.is_array()) fail(ErrorKind::kInvalidFile, "{}: 'moe' must be an array", source);
+    for (const json& flag : moe) {
+      if (!json_integer_in(flag, 0, 1)) {
+        fail(ErrorKind::kInvalidFile, "{}: 'moe' entries must be 0 or 1, got {}", source,
+             json_excerpt(flag));
+      }
+      s.moe.push_back(static_cast<uint8_t>(flag.get<int64_t>()));
+    }
     const size_t LE = static_cast<size_t>(s.num_layers) * s.num_experts, LHE = LE * s.num_kv_heads;
     auto vec = [&](const char* key, size_t size, bool optional = false) {
       auto v = j.at(key).get<std::vector<double>>();

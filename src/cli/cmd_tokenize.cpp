@@ -22,8 +22,7 @@ std::vector<int32_t> parse_id_array(const std::string& text) {
   std::vector<int32_t> ids;
   ids.reserve(j.size());
   for (size_t i = 0; i < j.size(); ++i) {
-    if (!j[i].is_number_integer() || j[i].get<int64_t>() < INT32_MIN ||
-        j[i].get<int64_t>() > INT32_MAX) {
+    if (!json_integer_in(j[i], INT32_MIN, INT32_MAX)) {
       fail(ErrorKind::kInvalidArgument, "stdin: element {} ({}) is not a token id", i,
            json_excerpt(j[i]));
     }

@@ -65,6 +65,14 @@ nlohmann::json read_json_file(const std::filesystem::path& path) {
   return parse_json(read_text_file(path), path.string());
 }
 
+bool json_integer_in(const nlohmann::json& value, int64_t min, int64_t max) {
+  if (value.is_number_unsigned()) {
+    const uint64_t u = value.get<uint64_t>();
+    return max >= 0 && u <= static_cast<uint64_t>(max) && static_cast<int64_t>(u) >= min;
+  }
+  return value.is_number_integer() && value.get<int64_t>() >= min && value.get<int64_t>() <= max;
+}
+
 std::string json_excerpt(const nlohmann::json& value) {
   return shorten(value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), 48);
 }

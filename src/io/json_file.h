@@ -1,4 +1,5 @@
 #pragma once
+#include <cstdint>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -26,6 +27,11 @@ std::string read_text_file(const std::filesystem::path& path);
 
 // read_text_file, then parse_json.
 nlohmann::json read_json_file(const std::filesystem::path& path);
+
+// Whether `value` is a JSON integer in [min, max]. A float never passes (converting one out of
+// range is undefined), and neither does an unsigned integer above 2^63 (the library keeps every
+// non-negative integer as unsigned, which would read as a negative int64).
+bool json_integer_in(const nlohmann::json& value, int64_t min, int64_t max);
 
 // A short, printable form of a user JSON value for error messages: its dump, cut to a few dozen
 // characters.

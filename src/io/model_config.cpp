@@ -82,10 +82,7 @@ class ConfigReader {
   int integer_value(const char* key, const json& v, int64_t min, int64_t max) const {
     if (!v.is_number_integer())
       fail(ErrorKind::kInvalidFile, "{}: field '{}' is not an integer", source_, key);
-    // The JSON library stores every non-negative integer as unsigned; one above 2^63 would read
-    // as a negative int64.
-    if ((v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(max)) ||
-        v.get<int64_t>() < min || v.get<int64_t>() > max) {
+    if (!json_integer_in(v, min, max)) {
       fail(ErrorKind::kInvalidFile, "{}: field '{}' must be in [{}, {}], got {}", source_, key, min,
            max, json_excerpt(v));
     }

@@ -144,8 +144,7 @@ const json& field(const json& j, const char* key, const std::string& source) {
 // narrowed silently.
 int int_field(const json& j, const char* key, const std::string& source, int64_t max) {
   const json& v = field(j, key, source);
-  if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > max ||
-      (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(max))) {
+  if (!json_integer_in(v, 0, max)) {
     fail(ErrorKind::kInvalidFile, "{}: field '{}' must be an integer in [0, {}]", source, key, max);
   }
   return static_cast<int>(v.get<int64_t>());
@@ -265,8 +264,7 @@ BudgetPlan BudgetPlan::from_json(const json& j, const std::string& source) {
       }
       for (int e = 0; e < plan.num_experts_; ++e) {
         const json& group = eg[l][e];
-        if (!group.is_number_integer() || group.get<int64_t>() < 0 ||
-            group.get<int64_t>() >= plan.num_groups_) {
+        if (!json_integer_in(group, 0, plan.num_groups_ - 1)) {
           fail(ErrorKind::kInvalidFile,
                "{}: expert_groups[{}][{}] names group {}, not one in [0, {})", source, l, e,
                json_excerpt(group), plan.num_groups_);

@@ -213,7 +213,7 @@ HardwareSpec parse_hardware(const json& j, const std::string& source) {
   }
   if (r.has("sm_count")) {
     const json& v = r.raw("sm_count");
-    if (!v.is_number_integer() || v.get<int64_t>() <= 0 || v.get<int64_t>() > 1000000) {
+    if (!json_integer_in(v, 1, 1000000)) {
       fail(ErrorKind::kInvalidFile, "{}: field 'sm_count' must be a positive integer, got {}",
            source, json_excerpt(v));
     }

@@ -27,8 +27,7 @@ bool row_matches(const OperatorCost& row, const std::string& name) {
 int64_t integer_field(const json& e, const char* key, const std::string& where, int64_t min,
                       int64_t max) {
   const json& v = e[key];
-  if (!v.is_number_integer() || v.get<int64_t>() < min || v.get<int64_t>() > max ||
-      (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(max))) {
+  if (!json_integer_in(v, min, max)) {
     fail(ErrorKind::kInvalidFile, "{}: '{}' must be an integer in [{}, {}], got {}", where, key,
          min, max, json_excerpt(v));
   }

@@ -20,12 +20,7 @@ int64_t integer_field(const json& value, const char* field, int64_t lo, int64_t 
     throw FieldError(field,
                      fmt::format("'{}' must be an integer, got {}", field, json_excerpt(value)));
   }
-  // Both signed and unsigned JSON integers compare correctly through their own accessors.
-  const bool in_range = value.is_number_unsigned()
-                            ? value.get<uint64_t>() <= static_cast<uint64_t>(hi) &&
-                                  static_cast<int64_t>(value.get<uint64_t>()) >= lo
-                            : value.get<int64_t>() >= lo && value.get<int64_t>() <= hi;
-  if (!in_range) {
+  if (!json_integer_in(value, lo, hi)) {
     throw FieldError(
         field, fmt::format("'{}' must be in [{}, {}], got {}", field, lo, hi, json_excerpt(value)));
   }
@@ -70,8 +65,7 @@ std::vector<int32_t> prompt_field(const json& value, const CompletionLimits& lim
   std::vector<int32_t> ids;
   ids.reserve(value.size());
   for (const json& id : value) {
-    if (!id.is_number_integer() || (id.is_number_unsigned() && id.get<uint64_t>() >= 1ull << 31) ||
-        id.get<int64_t>() < 0 || id.get<int64_t>() >= s.vocab_size) {
+    if (!json_integer_in(id, 0, s.vocab_size - 1)) {
       throw FieldError("prompt", fmt::format("'prompt': token {} at index {} is not an id in "
                                              "[0, {})",
                                              json_excerpt(id), ids.size(), s.vocab_size));

@@ -10,6 +10,8 @@
 #include <condition_variable>
 #include <ctime>
 #include <functional>
+#include <future>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -305,12 +307,15 @@ struct Server::State {
       send_json(res, 200, {{"status", "ok"}});
     });
     http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-      SchedulerStats stats;
-      {
+      // Read by the worker between steps, so that a request whose response has been sent is in
+      // the counters (the snapshot published after each step may not have caught up yet).
+      auto stats = std::make_shared<std::promise<SchedulerStats>>();
+      std::future<SchedulerStats> read = stats->get_future();
+      if (!post([stats](Scheduler& s) { stats->set_value(s.stats()); })) {
         const std::lock_guard lock(mutex);
-        stats = published;
+        stats->set_value(published);
       }
-      res.set_content(format_metrics(stats, rejected.load()), "text/plain; version=0.0.4");
+      res.set_content(format_metrics(read.get(), rejected.load()), "text/plain; version=0.0.4");
     });
     http.set_error_handler([](const httplib::Request&, httplib::Response& res) {
       if (!res.body.empty()) return;

@@ -172,8 +172,8 @@ class StripDecoder : public Decoder {
  public:
   StripDecoder(const nlohmann::json& spec, const std::string& where)
       : content_(single_character(required_string(spec, "content", where), where + ".content")),
-        start_(required(spec, "start", where).get<size_t>()),
-        stop_(required(spec, "stop", where).get<size_t>()) {}
+        start_(required_count(spec, "start", where)),
+        stop_(required_count(spec, "stop", where)) {}
 
   // Removes up to `start` leading and `stop` trailing `content` characters from each token.
   void decode_chain(std::vector<std::string>& tokens) const override {

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "io/json_file.h"
 #include "io/model_limits.h"
 #include "tokenizer/utf8.h"
 
@@ -35,11 +36,21 @@ inline const nlohmann::json& required_array(const nlohmann::json& spec, const ch
 inline constexpr int64_t kMaxTokenId = model_limits::kVocab - 1;
 
 inline int32_t token_id(const nlohmann::json& value, const std::string& where) {
-  if (!value.is_number_integer() || value.get<int64_t>() < 0 ||
-      value.get<int64_t>() > kMaxTokenId) {
+  if (!json_integer_in(value, 0, kMaxTokenId)) {
     fail(ErrorKind::kInvalidFile, "{}: expected a token id in [0, {}]", where, kMaxTokenId);
   }
   return static_cast<int32_t>(value.get<int64_t>());
+}
+
+// A count such as a number of characters to strip: an integer in [0, 2^31).
+inline size_t required_count(const nlohmann::json& spec, const char* key,
+                             const std::string& where) {
+  const auto& v = required(spec, key, where);
+  if (!json_integer_in(v, 0, INT32_MAX)) {
+    fail(ErrorKind::kInvalidFile, "{}.{}: expected an integer in [0, {}], got {}", where, key,
+         INT32_MAX, json_excerpt(v));
+  }
+  return static_cast<size_t>(v.get<int64_t>());
 }
 
 // An absent or null field gives `fallback`.

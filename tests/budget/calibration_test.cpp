@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include "budget/allocator.h"
 #include "core/error.h"
 #include "engine/generate.h"
@@ -76,6 +78,34 @@ TEST(Calibration, RejectsMalformedStats) {
     FAIL();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("x.json"), std::string::npos);
+  }
+}
+
+// Found by fuzz_calibration_stats (tests/fixtures/fuzz-regressions/calibration_stats/): a float
+// where an integer belongs was converted, which is undefined when it is out of range; now it is
+// refused.
+TEST(Calibration, IntegerFieldsRefuseFloatsAndOutOfRangeValues) {
+  const auto model = Model::load(std::string(EKVA_FIXTURES) + "/hf-tiny/tiny-qwen3_moe");
+  CalibrationOptions o;
+  o.chunk_tokens = 32;
+  const CalibrationStats st = calibrate(*model, chunks(1, 32), o);
+  using Case = std::tuple<std::string, nlohmann::json, std::string>;
+  for (const auto& [key, value, needle] :
+       std::vector<Case>{{"tokens", 5.1e33, "'tokens' must be an integer"},
+                         {"tokens", -1, "'tokens' must be an integer"},
+                         {"moe", nlohmann::json::array({6.7e10}), "'moe' entries must be 0 or 1"},
+                         {"moe", nlohmann::json::array({2}), "'moe' entries must be 0 or 1"},
+                         {"moe", "x", "'moe' must be an array"}}) {
+    SCOPED_TRACE(key + " = " + value.dump());
+    nlohmann::json j = st.to_json();
+    j[key] = value;
+    try {
+      CalibrationStats::from_json(j, "x.json");
+      FAIL() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("x.json"), std::string::npos) << e.what();
+    }
   }
 }
 

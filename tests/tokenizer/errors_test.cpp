@@ -190,6 +190,12 @@ TEST(TokenizerErrors, MalformedComponentsAreNamed) {
          j["decoder"] = {{"type", "Strip"}, {"content", " "}, {"start", "one"}, {"stop", 0}};
        },
        ErrorKind::kInvalidFile, "malformed tokenizer"},
+      // A float is converted to a count only when it is one (1e30 as size_t is undefined).
+      {"strip count",
+       [](auto& j) {
+         j["decoder"] = {{"type", "Strip"}, {"content", " "}, {"start", 1e30}, {"stop", 0}};
+       },
+       ErrorKind::kInvalidFile, "decoder.start: expected an integer in [0, 2147483647], got"},
       {"added token",
        [](auto& j) {
          j["added_tokens"] = {{{"content", "<x>"}}};
