@@ -15,6 +15,7 @@ using tokenizer_json::optional_bool;
 using tokenizer_json::optional_string;
 using tokenizer_json::required;
 using tokenizer_json::required_array;
+using tokenizer_json::required_count;
 using tokenizer_json::required_string;
 using tokenizer_json::single_character;
 
