@@ -189,7 +189,8 @@ TEST(TokenizerErrors, MalformedComponentsAreNamed) {
        [](auto& j) {
          j["decoder"] = {{"type", "Strip"}, {"content", " "}, {"start", "one"}, {"stop", 0}};
        },
-       ErrorKind::kInvalidFile, "malformed tokenizer"},
+       ErrorKind::kInvalidFile,
+       "decoder.start: expected an integer in [0, 2147483647], got \"one\""},
       // A float is converted to a count only when it is one (1e30 as size_t is undefined).
       {"strip count",
        [](auto& j) {
