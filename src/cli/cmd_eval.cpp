@@ -26,6 +26,7 @@ struct EvalArgs {
   int samples = 20;
   uint64_t seed = 777001;
   std::string mode = "aware";
+  std::string filler;
   std::string heldout = "data/eval/heldout.txt";
   int ppl_tokens = 128;
   PolicyArgs kv;  // --plan, --window, --sinks; --policies and --budgets give the rest
@@ -71,6 +72,7 @@ int run_eval(const EvalArgs& a) {
   options.samples = a.samples;
   options.seed = a.seed;
   options.mode = parse_query_mode(a.mode);
+  if (!a.filler.empty()) options.filler = read_filler(repository_path(a.filler));
   if (ppl) options.heldout_text = read_text_file(repository_path(a.heldout));
   options.ppl_tokens = a.ppl_tokens;
   options.engine.kv = kv_format(a.kv);
@@ -94,6 +96,7 @@ int run_eval(const EvalArgs& a) {
                                  {"samples", a.samples},
                                  {"seed", a.seed},
                                  {"mode", a.mode},
+                                 {"filler", a.filler.empty() ? "noise" : a.filler},
                                  {"plan", a.kv.plan},
                                  {"ppl_tokens", a.ppl_tokens},
                                  {"wall_seconds", seconds},
@@ -172,6 +175,9 @@ void add_eval(CLI::App& app, Action& action) {
                   "aware: compress after context and question; agnostic: compress the context, "
                   "then stream the question with eviction")
       ->capture_default_str();
+  cmd->add_option("--filler", a->filler,
+                  "Text file whose paragraphs hide the tasks' facts, e.g. data/eval/heldout.txt "
+                  "(default: the repetitive noise sentences of the original passkey test)");
   cmd->add_option("--heldout", a->heldout, "ppl: held-out text the windows are cut from")
       ->capture_default_str();
   cmd->add_option("--ppl-tokens", a->ppl_tokens, "ppl: continuation tokens scored per window")

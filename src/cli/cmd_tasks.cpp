@@ -29,14 +29,11 @@ int run_tasks(const TasksArgs& a) {
   const TokenCounter count = [&](const std::string& text) {
     return tokenizer->encode(text, false).size();
   };
-  std::vector<std::string> filler;
+  const std::vector<std::string> filler =
+      a.filler.empty() ? std::vector<std::string>{} : read_filler(a.filler);
   TaskOptions options;
   options.prompt_tokens = a.context;
-  if (!a.filler.empty()) {
-    filler = split_paragraphs(read_text_file(a.filler));
-    if (filler.empty()) fail(ErrorKind::kInvalidArgument, "--filler: '{}' is empty", a.filler);
-    options.filler = &filler;
-  }
+  if (!filler.empty()) options.filler = &filler;
   std::string lines;
   for (size_t i = 0; i < a.count; ++i) {
     const TaskInstance t = generate_task(kind, instance_seed(a.seed, i), options, count);

@@ -122,6 +122,7 @@ std::vector<TaskScore> evaluate_tasks(const Model& model, const Tokenizer& token
   };
   TaskOptions task_options;
   task_options.prompt_tokens = options.context_tokens - kAnswerRoom - 1;
+  if (!options.filler.empty()) task_options.filler = &options.filler;
 
   std::vector<int32_t> heldout;
   const size_t window = options.context_tokens - 1;  // BOS comes first

@@ -47,6 +47,9 @@ struct TaskEvalOptions {
   int samples = 20;
   uint64_t seed = 777001;
   QueryMode mode = QueryMode::kAware;
+  // Paragraphs of prose the tasks hide their facts in (TaskOptions::filler); empty: noise
+  // sentences.
+  std::vector<std::string> filler;
   std::string heldout_text;  // ppl: windows are cut from it, one after another
   int ppl_tokens = 128;      // ppl: continuation tokens scored per window
   EngineOptions engine;      // KV pages (their element type is what byte counts count) and backend

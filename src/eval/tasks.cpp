@@ -6,6 +6,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "io/json_file.h"
 
 namespace ekva {
 namespace {
@@ -518,6 +519,14 @@ std::vector<std::string> split_paragraphs(std::string_view text) {
       paragraphs.emplace_back(p);
     }
     start = end + 2;
+  }
+  return paragraphs;
+}
+
+std::vector<std::string> read_filler(const std::filesystem::path& path) {
+  std::vector<std::string> paragraphs = split_paragraphs(read_text_file(path));
+  if (paragraphs.empty()) {
+    fail(ErrorKind::kInvalidArgument, "{}: the filler text holds no paragraph", path.string());
   }
   return paragraphs;
 }

@@ -5,6 +5,7 @@
 // definition. Instances are deterministic in (task, seed) for a given tokenizer and filler.
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <string>
 #include <string_view>
@@ -85,5 +86,8 @@ bool answer_matches(const TaskInstance& instance, std::string_view continuation)
 
 // Splits text into paragraphs at blank lines, dropping empty ones (for TaskOptions::filler).
 std::vector<std::string> split_paragraphs(std::string_view text);
+
+// The paragraphs of a filler text file; fails naming the file when it holds none.
+std::vector<std::string> read_filler(const std::filesystem::path& path);
 
 }  // namespace ekva

@@ -2,6 +2,7 @@
 #include "eval/evaluate.h"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -159,6 +160,31 @@ TEST(Evaluate, RefusesAContextBeyondTheModelAndNoSamples) {
   options.context_tokens = 512;
   options.samples = 0;
   EXPECT_THROW(evaluate_tasks(*model, *tokenizer, options), Error);
+}
+
+TEST(EvalCommand, HidesTheFactsInAFillerTextAndRefusesOneWithoutParagraphs) {
+  const auto dir = std::filesystem::temp_directory_path() / "ekva_eval_filler_test";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const auto filler = dir / "filler.txt", empty = dir / "empty.txt", out = dir / "out.json";
+  std::ofstream(filler) << "The river bends twice before the mill.\n\nRain kept the road empty.\n";
+  std::ofstream(empty) << "\n\n  \n";
+  const std::string eval = std::string(EKVA_BINARY) + " eval --model " + kModelDir +
+                           " --policies full --tasks passkey --context 256 --samples 1 --json";
+  ASSERT_EQ(
+      std::system(
+          (eval + " --filler " + filler.string() + " > " + out.string() + " 2>/dev/null").c_str()),
+      0);
+  std::ifstream in(out);
+  EXPECT_EQ(nlohmann::json::parse(in)["filler"], filler.string());
+  const int status =
+      std::system((eval + " --filler " + empty.string() + " > " + out.string() + " 2>&1").c_str());
+  EXPECT_EQ(WEXITSTATUS(status), 1);
+  const std::string message = read_text_file(out);
+  EXPECT_NE(message.find(empty.string() + ": the filler text holds no paragraph"),
+            std::string::npos)
+      << message;
+  std::filesystem::remove_all(dir);
 }
 
 TEST(TasksCommand, WritesTheRequestedInstancesAsJsonLines) {
