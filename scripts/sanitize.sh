@@ -14,4 +14,5 @@ if [ ! -f "$build/build.ninja" ]; then
 fi
 cmake --build "$build" --parallel "$(nproc)"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}  # one test per core, as scripts/test.sh
 ctest --test-dir "$build" --output-on-failure -j "$(nproc)" "$@"
