@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "engine/generate.h"
 #include "support/host_kv.h"
+#include "support/param_name.h"
 
 namespace ekva {
 namespace {
@@ -73,11 +74,7 @@ TEST_P(EveryPolicy, KeepsExactlyItsBudgetAfterPrefillAndDuringDecode) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Kv, EveryPolicy, ::testing::ValuesIn(KvPolicy::names()),
-                         [](const ::testing::TestParamInfo<std::string>& p) {
-                           std::string n = p.param;
-                           std::replace(n.begin(), n.end(), '-', '_');
-                           return n;
-                         });
+                         ekva::testing::param_name);
 
 TEST(Policy, FullReproducesTheUncompressedLogits) {
   const auto model = Model::load(kMixtral);

@@ -7,6 +7,7 @@
 
 #include "engine/generate.h"
 #include "io/json_file.h"
+#include "support/param_name.h"
 #include "support/reference_forward.h"
 
 namespace ekva {
@@ -94,11 +95,7 @@ TEST_P(Parity, PrefillThenDecodeEqualsOneForward) {
 INSTANTIATE_TEST_SUITE_P(HfTiny, Parity,
                          ::testing::Values("tiny-mixtral", "tiny-qwen2_moe", "tiny-qwen3_moe",
                                            "tiny-olmoe"),
-                         [](const ::testing::TestParamInfo<std::string>& p) {
-                           std::string n = p.param;
-                           std::replace(n.begin(), n.end(), '-', '_');
-                           return n;
-                         });
+                         ekva::testing::param_name);
 
 }  // namespace
 }  // namespace ekva

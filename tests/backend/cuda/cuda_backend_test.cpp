@@ -16,6 +16,7 @@
 #include "io/repository.h"
 #include "io/safetensors.h"
 #include "paged_kv_fixture.h"
+#include "support/param_name.h"
 #include "support/reference_forward.h"
 
 namespace ekva::cuda {
@@ -108,11 +109,7 @@ TEST_P(CudaParity, ForwardMatchesTransformers) {
 INSTANTIATE_TEST_SUITE_P(HfTiny, CudaParity,
                          ::testing::Values("tiny-mixtral", "tiny-qwen2_moe", "tiny-qwen3_moe",
                                            "tiny-olmoe"),
-                         [](const ::testing::TestParamInfo<std::string>& p) {
-                           std::string n = p.param;
-                           std::replace(n.begin(), n.end(), '-', '_');
-                           return n;
-                         });
+                         ekva::testing::param_name);
 
 class CudaEngineTest : public ::testing::Test {
  protected:
@@ -305,11 +302,7 @@ std::vector<std::string> device_policies() {
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryPolicy, CudaPolicyTest, ::testing::ValuesIn(device_policies()),
-                         [](const ::testing::TestParamInfo<std::string>& p) {
-                           std::string n = p.param;
-                           std::replace(n.begin(), n.end(), '-', '_');
-                           return n;
-                         });
+                         ekva::testing::param_name);
 
 // A decode step's evictions of several sequences in one pass (apply_all, what Engine::decode runs)
 // leave what applying them one by one leaves: the same tables and the same K/V, so the next step's
