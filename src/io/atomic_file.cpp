@@ -65,6 +65,16 @@ void check_writable_directory(const fs::path& dir, const fs::path& output) {
     fail(ErrorKind::kIo, "{}: cannot write into {}: {}", output.string(), dir.string(),
          std::strerror(errno));
   }
+  // Permission bits do not tell everything (root passes access() where /proc or a read-only mount
+  // still refuse files), so a file is made and removed there.
+  std::string probe = (dir / ".ekva-probe-XXXXXX").string();
+  const int fd = ::mkstemp(probe.data());
+  if (fd < 0) {
+    fail(ErrorKind::kIo, "{}: cannot write into {}: {}", output.string(), dir.string(),
+         std::strerror(errno));
+  }
+  ::close(fd);
+  ::unlink(probe.c_str());
 }
 
 fs::path directory_of(const fs::path& path) {

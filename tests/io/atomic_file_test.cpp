@@ -97,6 +97,14 @@ TEST_F(AtomicFileTest, OutputLocationsAreCheckedWithTheOsReason) {
               check_output_file(dir_ / std::string(5000, 'a'));
             }).find("File name too long"),
             std::string::npos);
+  // A directory whose bits let root write but whose filesystem makes no files.
+  EXPECT_NE(error_of([&] {
+              check_output_directory("/proc/ekva_results");
+            }).find("cannot write into /proc"),
+            std::string::npos);
+  for (const auto& entry : fs::directory_iterator(dir_)) {  // the probes leave nothing behind
+    EXPECT_NE(entry.path().filename().string().rfind(".ekva-probe", 0), 0u) << entry.path();
+  }
   if (::geteuid() != 0) {  // root writes anywhere
     fs::create_directories(dir_ / "ro");
     fs::permissions(dir_ / "ro", fs::perms::owner_read | fs::perms::owner_exec);
