@@ -2,7 +2,7 @@
 # Builds the libFuzzer targets (clang 16, ASan + UBSan) into build-fuzz/ and runs each named target
 # for SECONDS, one job at a time. TARGET is one of fuzz/CMakeLists.txt's targets, several joined by
 # commas, or "all"; SECONDS "build" only builds them.
-#   scripts/fuzz.sh all 5                     # the CI smoke
+#   scripts/fuzz.sh all 3                     # the CI smoke
 #   scripts/fuzz.sh tokenize 3600 -runs=10000000
 #   scripts/fuzz-pack.sh                      # all of them at once on a machine with more cores
 # Extra arguments go to libFuzzer. New corpus entries are kept in build-fuzz/corpus/TARGET and
