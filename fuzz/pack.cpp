@@ -1,9 +1,10 @@
-// Every target in one binary, for scripts/fuzz-pack.sh: one copy of the library, the sanitizers and
-// libFuzzer instead of one per target is what lets the pack travel with the working tree to a
-// machine with more cores. It runs the target that EKVA_FUZZ_TARGET names or, without it, the one
-// its own name says (fuzz_NAME, a link to it), exactly as fuzz_NAME does.
+// Every fuzz target in one binary: one copy of the library, the sanitizers and libFuzzer instead of
+// one per target, which is also what lets scripts/fuzz-pack.sh's pack travel with the working tree
+// to a machine with more cores. It runs the target that EKVA_FUZZ_TARGET names or, without it, the
+// one its own name says (fuzz_NAME, a link to it).
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 
 #include "fuzz/targets.h"

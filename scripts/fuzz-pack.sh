@@ -26,7 +26,6 @@ if [ ${#targets[@]} -eq 0 ]; then
     hardware measured_times completion_request)
 fi
 "$root/scripts/fuzz.sh" "$(IFS=,; echo "${targets[*]}")" build
-cmake --build "$build" --parallel "$(nproc)" --target ekva_fuzz
 
 dir=$build/fuzzpack
 pack_stage "$dir"

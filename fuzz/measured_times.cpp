@@ -1,6 +1,0 @@
-#include "fuzz/targets.h"
-
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  ekva::fuzz::run(ekva::fuzz::measured_times, data, size);
-  return 0;
-}
