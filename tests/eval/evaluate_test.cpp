@@ -15,6 +15,7 @@
 #include "engine/loss.h"
 #include "io/json_file.h"
 #include "io/repository.h"
+#include "support/temp_dir.h"
 
 namespace ekva {
 namespace {
@@ -163,10 +164,9 @@ TEST(Evaluate, RefusesAContextBeyondTheModelAndNoSamples) {
 }
 
 TEST(EvalCommand, HidesTheFactsInAFillerTextAndRefusesOneWithoutParagraphs) {
-  const auto dir = std::filesystem::temp_directory_path() / "ekva_eval_filler_test";
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  const auto filler = dir / "filler.txt", empty = dir / "empty.txt", out = dir / "out.json";
+  const testing::TempDir dir;
+  const auto filler = dir.path() / "filler.txt", empty = dir.path() / "empty.txt",
+             out = dir.path() / "out.json";
   std::ofstream(filler) << "The river bends twice before the mill.\n\nRain kept the road empty.\n";
   std::ofstream(empty) << "\n\n  \n";
   const std::string eval = std::string(EKVA_BINARY) + " eval --model " + kModelDir +
@@ -184,7 +184,6 @@ TEST(EvalCommand, HidesTheFactsInAFillerTextAndRefusesOneWithoutParagraphs) {
   EXPECT_NE(message.find(empty.string() + ": the filler text holds no paragraph"),
             std::string::npos)
       << message;
-  std::filesystem::remove_all(dir);
 }
 
 TEST(TasksCommand, WritesTheRequestedInstancesAsJsonLines) {
