@@ -65,6 +65,8 @@ def rows_of(prediction, runs):
             "decode_batch": batch,
             "peak_batch_steps": steps,
             "step_ms": 1e3 * s["peak_batch_seconds"] / steps if steps else None,
+            "forward_ms": 1e3 * s.get("peak_batch_forward_seconds", 0.0) / steps if steps else None,
+            "evict_ms": 1e3 * s.get("peak_batch_evict_seconds", 0.0) / steps if steps else None,
             "tokens_per_s": s.get("peak_batch_tokens_per_s", 0.0),
             "decode_tokens_per_s_all": s.get("decode_tokens_per_s", 0.0),
             "output_tokens_per_s": run["output_tokens_per_s"],
@@ -114,9 +116,9 @@ def table(prediction, rows):
         "generated each.",
         "",
         "| budget | sequences (predicted) | decode batch | ms / step (predicted at this batch) | "
-        "error | decode tokens/s (predicted) | error | vs full (predicted) | output tokens/s end "
+        "forward + eviction ms | error | decode tokens/s (predicted) | error | vs full (predicted) | output tokens/s end "
         "to end | TTFT p50 | inter-token p50 | requests |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
         lines.append(
@@ -124,6 +126,7 @@ def table(prediction, rows):
             f"| {r['sequences']} ({fmt(r['predicted_sequences'], 'd')}) "
             f"| {r['decode_batch']} "
             f"| {fmt(r['step_ms'], '.1f')} ({fmt(r['predicted_step_ms_at_batch'], '.1f')}) "
+            f"| {fmt(r['forward_ms'], '.1f')} + {fmt(r['evict_ms'], '.1f')} "
             f"| {pct(r['step_error'])} "
             f"| {r['tokens_per_s']:.0f} ({fmt(r['predicted_tokens_per_s'], '.0f')}) "
             f"| {pct(r['error'])} "

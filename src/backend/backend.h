@@ -109,10 +109,16 @@ class Backend {
   // A copy with its own page storage (one prefill shared by several policies).
   virtual std::unique_ptr<Backend> clone() const = 0;
   // Executes a planned step: stores K/V at the planned slots, fills the slots' routing metadata,
-  // adds scores for the batch's scoring queries, and returns logits [rows, vocab] for the plan's
-  // logit rows.
+  // adds scores for the batch's scoring queries (to the layout's metadata, or to a copy of the
+  // backend's own that sync_scores brings to the layout), and returns logits [rows, vocab] for the
+  // plan's logit rows.
   virtual std::vector<float> run(const StepPlan& plan, KvLayout& layout,
                                  ForwardObserver* observer) = 0;
+  // Brings the retention scores of `seq`'s retained slots into the layout's metadata, for
+  // selections made on the host (compression, group quotas). A backend that keeps the scores with
+  // its pages adds to them every step and copies them only when asked: copying a whole pool's
+  // scores every decode step would cost what a budget saves.
+  virtual void sync_scores(int /*seq*/, KvLayout& /*layout*/) {}
   // Executes an eviction: pools scores, selects exactly as select_evictions does, and compacts.
   virtual void apply(const EvictionPlan& plan, KvLayout& layout) = 0;
   // The evictions of several distinct sequences (a decode step's), with the result of applying

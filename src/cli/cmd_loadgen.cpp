@@ -41,6 +41,8 @@ int run_loadgen(const serve::LoadgenOptions& o, bool json) {
                      {"mean_decode_batch", m.mean_decode_batch()},
                      {"peak_batch_steps", m.peak_batch_steps},
                      {"peak_batch_seconds", m.peak_batch_seconds},
+                     {"peak_batch_forward_seconds", m.peak_batch_forward_seconds},
+                     {"peak_batch_evict_seconds", m.peak_batch_evict_seconds},
                      {"peak_batch_tokens_per_s", m.peak_batch_tokens_per_s()}};
     }
     fmt::print("{}\n", j.dump());
@@ -53,14 +55,17 @@ int run_loadgen(const serve::LoadgenOptions& o, bool json) {
     fmt::print("inter-token   p50 {:.1f} ms, p99 {:.1f} ms\n", r.itl_p50 * 1e3, r.itl_p99 * 1e3);
     if (r.server) {
       const serve::ServerMetrics& m = *r.server;
+      const auto per_step = [&m](double seconds) {
+        return m.peak_batch_steps > 0 ? 1e3 * seconds / m.peak_batch_steps : 0.0;
+      };
       fmt::print("server        {} sequences at once at most, decode batch {} at most\n",
                  m.peak_running, m.peak_decode_batch);
       fmt::print(
           "decode steps  {} ({:.1f} sequences on average), {:.1f} tokens/s; at batch {}: {} "
-          "steps, {:.1f} ms each, {:.1f} tokens/s\n",
+          "steps, {:.1f} ms each ({:.1f} forward, {:.1f} eviction), {:.1f} tokens/s\n",
           m.decode_steps, m.mean_decode_batch(), m.decode_tokens_per_s(), m.peak_decode_batch,
-          m.peak_batch_steps,
-          m.peak_batch_steps > 0 ? 1e3 * m.peak_batch_seconds / m.peak_batch_steps : 0.0,
+          m.peak_batch_steps, per_step(m.peak_batch_seconds),
+          per_step(m.peak_batch_forward_seconds), per_step(m.peak_batch_evict_seconds),
           m.peak_batch_tokens_per_s());
     }
   }

@@ -20,8 +20,6 @@
 namespace ekva::cli {
 namespace {
 
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
 // Options both `ekva roofline` and `ekva roofline search` take.
 struct CommonArgs {
   std::string model;
@@ -57,7 +55,7 @@ struct SearchArgs {
   double knee_threshold = 0.05;
 };
 
-struct ServeArgs {
+struct ServePredictionArgs {
   CommonArgs common;
   double kv_memory = 0;
   int64_t prompt_tokens = 0;
@@ -390,7 +388,7 @@ int run_search(const SearchArgs& a) {
   return 0;
 }
 
-int run_serve_prediction(const ServeArgs& a) {
+int run_serve_prediction(const ServePredictionArgs& a) {
   const CommonArgs& c = a.common;
   if (c.model.empty()) fail(ErrorKind::kInvalidArgument, "--model is required");
   if (!(a.kv_memory > 0)) fail(ErrorKind::kInvalidArgument, "--kv-memory is required");
@@ -537,7 +535,7 @@ void add_roofline(CLI::App& app, Action& action) {
       "serve",
       "Predict the sequences a server's fixed KV memory holds at each budget and their decode "
       "throughput (ekva serve's admission rule)");
-  auto vargs = std::make_shared<ServeArgs>();
+  auto vargs = std::make_shared<ServePredictionArgs>();
   {
     CommonArgs& c = vargs->common;
     serve->add_option("--model", c.model, "Model directory or config.json alone");

@@ -52,8 +52,6 @@ struct Served {
   std::string kv_note;         // where the default KV capacity came from
 };
 
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
 // Bytes in GiB, or MiB below one GiB.
 std::string in_gib(double bytes) {
   return bytes >= kGiB ? fmt::format("{:.2f} GiB", bytes / kGiB)

@@ -8,6 +8,8 @@ namespace ekva::cli {
 // The action a subcommand runs after parsing; returns the process exit code.
 using Action = std::function<int()>;
 
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;  // for sizes the CLI prints and reads in GiB
+
 void add_info(CLI::App& app, Action& action);
 void add_forward(CLI::App& app, Action& action);
 void add_generate(CLI::App& app, Action& action);

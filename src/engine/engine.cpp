@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
 #include "backend/cpu/cpu_backend.h"
@@ -178,6 +179,7 @@ void Engine::compress(int seq, int prompt_len) {
   check_sequence("compress", seq);
   if (policies_[seq]) {
     score_keys(seq);
+    backend_->sync_scores(seq, layout_);
     backend_->apply(policies_[seq]->compress(layout_, seq, prompt_len, prompts_.at(seq)), layout_);
   }
 }
@@ -211,15 +213,21 @@ std::vector<float> Engine::decode(std::span<const int> seqs, std::span<const int
     scores = scores || scored;
   }
   if (!scores) batch.score_query.clear();
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
   std::vector<float> logits = step(batch);
+  const auto forwarded = Clock::now();
   // Each sequence's plan reads its own tables only, so the step's evictions run in one pass.
   std::vector<EvictionPlan> plans;
   for (const int seq : seqs) {
     if (!policies_[seq]) continue;
     score_keys(seq);
+    if (policies_[seq]->evicts_by_groups()) backend_->sync_scores(seq, layout_);
     plans.push_back(policies_[seq]->evict(layout_, seq));
   }
   if (!plans.empty()) backend_->apply_all(plans, layout_);
+  last_decode_.forward_s = std::chrono::duration<double>(forwarded - start).count();
+  last_decode_.evict_s = std::chrono::duration<double>(Clock::now() - forwarded).count();
   return logits;
 }
 

@@ -64,6 +64,14 @@ class Engine {
   // One token for each of `seqs` (distinct) in one step, then each sequence evicted back to its
   // budget by its own policy. Logits [seqs.size(), vocab].
   std::vector<float> decode(std::span<const int> seqs, std::span<const int32_t> tokens);
+  // Wall time of the last decode step's two phases, so that a server can say where its steps go:
+  // the forward pass (plan and run, up to the logits on the host) and the policies' evictions
+  // (selection on the host, compaction on the backend).
+  struct DecodeTimes {
+    double forward_s = 0.0;
+    double evict_s = 0.0;
+  };
+  const DecodeTimes& last_decode_times() const { return last_decode_; }
   void clear(int seq);
   // Pages `seq` can hold at most over its next decode_steps decode steps, after compress(): each
   // (layer, KV head) table grows by one slot a step, and an evicting policy brings it back to its
@@ -84,6 +92,7 @@ class Engine {
 
   std::vector<std::optional<KvPolicy>> policies_;  // per sequence
   std::vector<PromptRouting> prompts_;             // per sequence
+  DecodeTimes last_decode_;
 };
 
 }  // namespace ekva

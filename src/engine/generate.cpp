@@ -25,30 +25,44 @@ int32_t Sampler::sample(const float* logits, int vocab) {
   if (options_.temperature <= 0.0f) {
     return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
   }
+  // Candidates best first: higher logit, then lower id. Only as many as top-k and top-p keep are
+  // put in order, since a full sort of the vocabulary costs milliseconds per token and a server
+  // samples a token for every sequence of every step.
+  const auto better = [logits](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
   std::vector<int32_t> ids(vocab);
   std::iota(ids.begin(), ids.end(), 0);
-  std::sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) {
-    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-  });
   size_t keep = options_.top_k > 0 ? std::min<size_t>(options_.top_k, vocab) : vocab;
-  std::vector<double> p(keep);
-  const double mx = logits[ids[0]];
-  double sum = 0.0;
-  for (size_t i = 0; i < keep; ++i)
-    sum += p[i] = std::exp((logits[ids[i]] - mx) / options_.temperature);
+  if (keep < ids.size()) std::nth_element(ids.begin(), ids.begin() + keep, ids.end(), better);
+  const double mx = *std::max_element(logits, logits + vocab);
+  const auto weight = [&](int32_t id) {
+    return std::exp((logits[id] - mx) / options_.temperature);
+  };
   if (options_.top_p < 1.0f) {
+    double sum = 0.0;
+    for (size_t i = 0; i < keep; ++i) sum += weight(ids[i]);
+    // Orders the candidates a stretch at a time (each twice the last) until the top-p mass is
+    // reached.
     double cum = 0.0;
-    size_t cut = keep;
-    for (size_t i = 0; i < keep; ++i) {
-      cum += p[i] / sum;
-      if (cum >= options_.top_p) {
-        cut = i + 1;
-        break;
+    size_t ordered = 0;
+    bool reached = false;
+    for (size_t stretch = 64; ordered < keep && !reached; stretch *= 2) {
+      const size_t end = std::min(keep, ordered + stretch);
+      if (end < keep)
+        std::nth_element(ids.begin() + ordered, ids.begin() + end, ids.begin() + keep, better);
+      std::sort(ids.begin() + ordered, ids.begin() + end, better);
+      while (ordered < end && !reached) {
+        cum += weight(ids[ordered++]) / sum;
+        reached = cum >= options_.top_p;
       }
     }
-    keep = cut;
-    p.resize(keep);
+    keep = ordered;
+  } else if (keep < ids.size()) {
+    std::sort(ids.begin(), ids.begin() + keep, better);
   }
+  std::vector<double> p(keep);
+  for (size_t i = 0; i < keep; ++i) p[i] = weight(ids[i]);
   std::discrete_distribution<size_t> dist(p.begin(), p.end());
   return ids[dist(rng_)];
 }

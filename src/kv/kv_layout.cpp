@@ -47,12 +47,14 @@ int32_t KvLayout::allocate_page() {
          capacity_pages_, page_bytes());
   }
   ++pages_in_use_;
+  ++table_version_;
   return page;
 }
 
 void KvLayout::release_page(int32_t page) {
   free_.push_back(page);
   --pages_in_use_;
+  ++table_version_;
 }
 
 int KvLayout::append(int seq, int layer, int kv_head, TokenMeta meta) {
@@ -65,20 +67,42 @@ int KvLayout::append(int seq, int layer, int kv_head, TokenMeta meta) {
 
 std::vector<RowMove> KvLayout::evict_flagged(int seq, int layer, int kv_head,
                                              const std::vector<uint8_t>& flags) {
-  HeadTable& t = table(seq, layer, kv_head);
+  const HeadTable& t = table(seq, layer, kv_head);
   if (static_cast<int>(flags.size()) != t.size()) {
     fail(ErrorKind::kInvalidArgument, "evict: {} flags for a table of {} slots", flags.size(),
          t.size());
   }
-  const int kept = t.size() - static_cast<int>(std::count_if(flags.begin(), flags.end(),
-                                                             [](uint8_t f) { return f != 0; }));
+  std::vector<int32_t> slots;
+  for (int32_t i = 0; i < t.size(); ++i) {
+    if (flags[i] != 0) slots.push_back(i);
+  }
+  return evict_slots(seq, layer, kv_head, slots);
+}
+
+std::vector<RowMove> KvLayout::evict_slots(int seq, int layer, int kv_head,
+                                           const std::vector<int32_t>& slots) {
+  HeadTable& t = table(seq, layer, kv_head);
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (slots[i] < 0 || slots[i] >= t.size() || (i > 0 && slots[i] <= slots[i - 1])) {
+      fail(ErrorKind::kInvalidArgument,
+           "evict: slot {} (entry {}) is out of the table's {} slots or out of ascending order",
+           slots[i], i, t.size());
+    }
+  }
+  const int kept = t.size() - static_cast<int>(slots.size());
+  // The listed slots below kept are the holes; the survivors at or past kept are the slots there
+  // that are not listed (the listed ones there are the tail of `slots`).
+  const auto tail = std::lower_bound(slots.begin(), slots.end(), kept);
+  auto next_listed = tail;
   std::vector<RowMove> moves;
   int survivor = kept;
-  for (int hole = 0; hole < kept; ++hole) {
-    if (flags[hole] == 0) continue;
-    while (flags[survivor] != 0) ++survivor;
-    moves.push_back({address(t, survivor), address(t, hole)});
-    t.meta[hole] = t.meta[survivor++];
+  for (auto hole = slots.begin(); hole != tail; ++hole) {
+    while (next_listed != slots.end() && *next_listed == survivor) {
+      ++next_listed;
+      ++survivor;
+    }
+    moves.push_back({address(t, survivor), address(t, *hole)});
+    t.meta[*hole] = t.meta[survivor++];
   }
   t.meta.resize(kept);
   const size_t pages = (static_cast<size_t>(kept) + page_size() - 1) / page_size();

@@ -80,6 +80,10 @@ class KvLayout {
   // pages and returns the K/V row moves the page storage must make.
   std::vector<RowMove> evict_flagged(int seq, int layer, int kv_head,
                                      const std::vector<uint8_t>& flags);
+  // The same for the slots listed (ascending, distinct): as evict_flagged with those flagged, in
+  // time proportional to the slots listed rather than the table.
+  std::vector<RowMove> evict_slots(int seq, int layer, int kv_head,
+                                   const std::vector<int32_t>& slots);
   void clear_sequence(int seq);
 
   // Tokens processed so far per sequence: the position the next token gets.
@@ -87,6 +91,9 @@ class KvLayout {
   void advance(int seq, int32_t count) { next_position_[seq] += count; }
 
   size_t pages_in_use() const { return pages_in_use_; }
+  // Changes whenever a block table gains or loses a page (a device copy of the tables is current
+  // while it stays the same; lengths change without it).
+  uint64_t table_version() const { return table_version_; }
   size_t kv_bytes_in_use() const { return pages_in_use_ * page_bytes(); }
   // Bytes a table of every one of `tokens` tokens per (layer, KV head) would use, one sequence.
   size_t full_bytes(int64_t tokens) const;
@@ -109,6 +116,7 @@ class KvLayout {
   int64_t high_water_ = 0;
   std::vector<int32_t> free_;
   size_t pages_in_use_ = 0;
+  uint64_t table_version_ = 0;
   std::vector<HeadTable> tables_;
   std::vector<int32_t> next_position_;
 };

@@ -72,6 +72,9 @@ class KvPolicy {
   std::vector<uint8_t> prefill_score_queries(int prompt_len) const;
   // Whether decode queries add their attention to the scores.
   bool scores_decode() const;
+  // Whether its decode evictions read the slots' scores on the host (expert-group quotas, which a
+  // device does not select by): a backend that keeps the scores must copy them first.
+  bool evicts_by_groups() const { return grouped(); }
   // Right after a sequence's prompt of prompt_len tokens was prefilled: fixes the budgets that
   // decode-time eviction then holds, and says what to evict now.
   EvictionPlan compress(const KvLayout& layout, int seq, int prompt_len,

@@ -66,6 +66,8 @@ ServerMetrics server_metrics(const std::map<std::string, double>& before,
       at(after, "ekva_decode_seconds_total") - at(before, "ekva_decode_seconds_total");
   s.peak_batch_steps = count("ekva_decode_peak_batch_steps");
   s.peak_batch_seconds = at(after, "ekva_decode_peak_batch_seconds");
+  s.peak_batch_forward_seconds = at(after, "ekva_decode_peak_batch_forward_seconds");
+  s.peak_batch_evict_seconds = at(after, "ekva_decode_peak_batch_evict_seconds");
   return s;
 }
 

@@ -37,6 +37,8 @@ struct ServerMetrics {
   // Decode steps at the peak batch and their time, since the server reached that peak.
   int64_t peak_batch_steps = 0;
   double peak_batch_seconds = 0.0;
+  double peak_batch_forward_seconds = 0.0;  // of peak_batch_seconds, the forward passes
+  double peak_batch_evict_seconds = 0.0;    // and the evictions
 
   double decode_tokens_per_s() const {
     return decode_seconds > 0 ? static_cast<double>(decode_tokens) / decode_seconds : 0.0;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
 
 #include "core/error.h"
 
@@ -223,10 +224,27 @@ bool Scheduler::decode_running() {
     const auto start = std::chrono::steady_clock::now();
     const std::vector<float> logits = engine_.decode(seqs, tokens);
     count_decode(static_cast<int>(batch.size()),
-                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+                 engine_.last_decode_times());
+    // Each request samples with its own generator, so the batch samples in parallel; the tokens
+    // then go out in order.
+    std::vector<int32_t> sampled(batch.size());
+    const int rows = static_cast<int>(batch.size());
+    std::exception_ptr failure;  // an exception must not leave the parallel region
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < rows; ++i) {
+      try {
+        sampled[i] =
+            batch[i]->sampler.sample(logits.data() + static_cast<size_t>(i) * vocab, vocab);
+      } catch (...) {
+#pragma omp critical(ekva_sampling_failure)
+        failure = std::current_exception();
+      }
+    }
+    if (failure) std::rethrow_exception(failure);
     for (size_t i = 0; i < batch.size(); ++i) {
       batch[i]->to_decode.reset();
-      emit(*batch[i], batch[i]->sampler.sample(logits.data() + i * vocab, vocab));
+      emit(*batch[i], sampled[i]);
     }
   } catch (const std::exception& e) {
     for (Active* a : batch) {
@@ -236,7 +254,7 @@ bool Scheduler::decode_running() {
   return true;
 }
 
-void Scheduler::count_decode(int batch, double seconds) {
+void Scheduler::count_decode(int batch, double seconds, const Engine::DecodeTimes& phases) {
   SchedulerStats& c = counters_;
   ++c.decode_steps;
   c.decode_tokens += static_cast<uint64_t>(batch);
@@ -245,10 +263,14 @@ void Scheduler::count_decode(int batch, double seconds) {
     c.peak_decode_batch = batch;
     c.peak_batch_steps = 0;
     c.peak_batch_seconds = 0.0;
+    c.peak_batch_forward_seconds = 0.0;
+    c.peak_batch_evict_seconds = 0.0;
   }
   if (batch == c.peak_decode_batch) {
     ++c.peak_batch_steps;
     c.peak_batch_seconds += seconds;
+    c.peak_batch_forward_seconds += phases.forward_s;
+    c.peak_batch_evict_seconds += phases.evict_s;
   }
 }
 

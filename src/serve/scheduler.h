@@ -80,6 +80,10 @@ struct SchedulerStats {
   // The decode steps at peak_decode_batch sequences (counted afresh when the peak rises).
   uint64_t peak_batch_steps = 0;
   double peak_batch_seconds = 0.0;
+  // Of peak_batch_seconds, the engine's forward passes and its evictions (Engine::DecodeTimes);
+  // the rest is the step's bookkeeping around them.
+  double peak_batch_forward_seconds = 0.0;
+  double peak_batch_evict_seconds = 0.0;
 };
 
 class Scheduler {
@@ -119,7 +123,7 @@ class Scheduler {
   bool prefill_next();
   bool decode_running();
   // Counts a decode step of `batch` sequences that took `seconds`.
-  void count_decode(int batch, double seconds);
+  void count_decode(int batch, double seconds, const Engine::DecodeTimes& phases);
   // After a token was sampled: ends the request when it is done, else queues the token to decode.
   void emit(Active& a, int32_t token);
   void finish(Active& a, FinishReason reason, const std::string& message = {});

@@ -430,6 +430,12 @@ std::string format_metrics(const SchedulerStats& s, uint64_t rejected_requests) 
   metric("ekva_decode_peak_batch_seconds", "gauge",
          "Time in decode steps at the peak decode batch size (since it was reached).",
          s.peak_batch_seconds);
+  metric("ekva_decode_peak_batch_forward_seconds", "gauge",
+         "Of ekva_decode_peak_batch_seconds, the forward passes (up to the logits on the host).",
+         s.peak_batch_forward_seconds);
+  metric("ekva_decode_peak_batch_evict_seconds", "gauge",
+         "Of ekva_decode_peak_batch_seconds, the KV policies' evictions.",
+         s.peak_batch_evict_seconds);
   metric("ekva_step_seconds_total", "counter", "Time spent in engine iterations.", s.step_seconds);
   metric("ekva_steps_total", "counter", "Engine iterations.", s.steps);
   metric("ekva_last_step_seconds", "gauge", "Duration of the last engine iteration.",

@@ -153,6 +153,36 @@ TEST(KvLayout, EvictFlaggedNeedsAFlagPerSlot) {
   EXPECT_EQ(cache.table(0, 0, 0).size(), 5);
 }
 
+// The slot-list form (what a device selection returns) refuses a list it cannot mean and leaves
+// the table as it was.
+TEST(KvLayout, EvictSlotsNeedsAscendingSlotsOfTheTable) {
+  HostKv cache = filled(5, 4);
+  for (const std::vector<int32_t>& slots : {std::vector<int32_t>{3, 1}, std::vector<int32_t>{2, 2},
+                                            std::vector<int32_t>{5}, std::vector<int32_t>{-1}}) {
+    EXPECT_THROW(cache.layout.evict_slots(0, 0, 0, slots), Error);
+    EXPECT_EQ(cache.table(0, 0, 0).size(), 5);
+  }
+  const std::vector<int32_t> last{4};
+  EXPECT_TRUE(cache.layout.evict_slots(0, 0, 0, last).empty());  // the tail goes without moves
+  EXPECT_EQ(cache.table(0, 0, 0).size(), 4);
+}
+
+// What a device copy of the block tables checks before it uploads them again.
+TEST(KvLayout, TableVersionChangesWithPagesNotWithSlots) {
+  HostKv cache = filled(5, 4);  // two pages
+  const uint64_t before = cache.layout.table_version();
+  TokenMeta m;
+  m.position = 5;
+  cache.append(0, 0, 0, row(4, 5).data(), row(4, 105).data(), m);  // slot 5: the second page
+  EXPECT_EQ(cache.layout.table_version(), before);
+  const std::vector<int32_t> one{0};
+  cache.layout.evict_slots(0, 0, 0, one);  // six slots to five: both pages stay
+  EXPECT_EQ(cache.layout.table_version(), before);
+  const std::vector<int32_t> two{0, 1};
+  cache.layout.evict_slots(0, 0, 0, two);  // three slots: a page goes
+  EXPECT_NE(cache.layout.table_version(), before);
+}
+
 // Attention over a ragged, evicted, unordered table equals dense softmax attention over the kept
 // tokens.
 TEST(KvLayout, RaggedAttentionEqualsDenseAttentionOverKeptTokens) {

@@ -172,6 +172,9 @@ TEST(SchedulerPrefillFirst, TheBatchIsWhatTheMemoryHoldsAsTheServingPredictionSa
     EXPECT_GT(st.decode_seconds, 0.0);
     EXPECT_GT(st.peak_batch_seconds, 0.0);
     EXPECT_LE(st.peak_batch_seconds, st.decode_seconds);
+    EXPECT_GT(st.peak_batch_forward_seconds, 0.0);
+    EXPECT_GE(st.peak_batch_evict_seconds, 0.0);
+    EXPECT_LE(st.peak_batch_forward_seconds + st.peak_batch_evict_seconds, st.peak_batch_seconds);
     for (const Outcome& x : out) EXPECT_EQ(x.tokens.size(), static_cast<size_t>(kTokens));
   }
 }

@@ -340,14 +340,27 @@ TEST_F(ServerTest, MetricsAreParsablePrometheusText) {
     ASSERT_TRUE(std::regex_match(line, m, sample)) << line;
     values[m[1]] = std::stod(m[2]);
   }
-  for (const char* name :
-       {"ekva_requests_admitted_total", "ekva_requests_finished_total",
-        "ekva_requests_rejected_total", "ekva_prompt_tokens_total", "ekva_generated_tokens_total",
-        "ekva_kv_pages_in_use", "ekva_kv_pages_free", "ekva_queue_length", "ekva_decode_batch_size",
-        "ekva_step_seconds_total", "ekva_running_sequences", "ekva_kv_page_bytes",
-        "ekva_running_sequences_peak", "ekva_decode_batch_size_peak", "ekva_decode_steps_total",
-        "ekva_decode_tokens_total", "ekva_decode_seconds_total", "ekva_decode_peak_batch_steps",
-        "ekva_decode_peak_batch_seconds"}) {
+  for (const char* name : {"ekva_requests_admitted_total",
+                           "ekva_requests_finished_total",
+                           "ekva_requests_rejected_total",
+                           "ekva_prompt_tokens_total",
+                           "ekva_generated_tokens_total",
+                           "ekva_kv_pages_in_use",
+                           "ekva_kv_pages_free",
+                           "ekva_queue_length",
+                           "ekva_decode_batch_size",
+                           "ekva_step_seconds_total",
+                           "ekva_running_sequences",
+                           "ekva_kv_page_bytes",
+                           "ekva_running_sequences_peak",
+                           "ekva_decode_batch_size_peak",
+                           "ekva_decode_steps_total",
+                           "ekva_decode_tokens_total",
+                           "ekva_decode_seconds_total",
+                           "ekva_decode_peak_batch_steps",
+                           "ekva_decode_peak_batch_seconds",
+                           "ekva_decode_peak_batch_forward_seconds",
+                           "ekva_decode_peak_batch_evict_seconds"}) {
     EXPECT_TRUE(values.contains(name)) << name;
   }
   EXPECT_EQ(values, parse_metrics(res->body));       // loadgen's reader agrees

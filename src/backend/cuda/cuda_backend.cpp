@@ -4,6 +4,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/decode_attention.h"
+#include "backend/cuda/kernels.h"
 #include "backend/cuda/kv_ops.h"
 #include "backend/cuda/model_ops.h"
 #include "core/error.h"
@@ -71,7 +72,7 @@ size_t step_workspace_bytes(const ModelSpec& s, int step_tokens, int num_sequenc
                              + k * hidden         // rows_bf16_
                              + inter) +           // hidden_bf16_
                         2 * S * s.q_dim();        // decode_q_, decode_out_
-  const size_t ints = n * (3 + L * H + 1          // the step's inputs (ints_)
+  const size_t ints = n * (3 + L * H + 1          // the step's inputs (step_ints_)
                            + moe_layers * k       // experts_
                            + k                    // expert_rows_
                            + 5 * k) +             // pair_ints_
@@ -86,8 +87,14 @@ size_t step_workspace_bytes(const ModelSpec& s, int step_tokens, int num_sequenc
   const size_t decode =
       pieces * (4 * sizeof(int32_t) + group * (s.head_dim * sizeof(uint16_t) + 2 * sizeof(float))) +
       S * H * 3 * sizeof(int32_t) + layer_rows * group * sizeof(float);
+  // Evictions: a decode selection's parameters and results per segment, and the rows and scores
+  // of one sequence's retained slots (sync_scores, a host selection's flags, pinned positions).
+  const size_t sequence_rows = static_cast<size_t>(s.max_position) * L * H;
+  const size_t evictions =
+      S * L * H * (kDecodeEvictParams + kMaxDecodeEvictions + 1) * sizeof(int32_t) +
+      sequence_rows * (2 * sizeof(int32_t) + sizeof(float));
   const size_t bytes = floats * sizeof(float) + halves * sizeof(uint16_t) + ints * sizeof(int32_t) +
-                       decode + n /* score_query_ */;
+                       decode + evictions + n /* score_query_ */;
   return 2 * bytes;
 }
 
@@ -116,6 +123,7 @@ CudaBackend::CudaBackend(std::shared_ptr<const DeviceModel> weights, int64_t row
   // they read as zero K/V at position 0 rather than as whatever the allocation held.
   EKVA_CUDA_CHECK(cudaMemsetAsync(pool_.data(), 0, pool_.bytes(), stream_));
   EKVA_CUDA_CHECK(cudaMemsetAsync(meta_.data(), 0, meta_.bytes(), stream_));
+  EKVA_CUDA_CHECK(cudaMemsetAsync(flags_.data(), 0, flags_.bytes(), stream_));  // apply_all's
 }
 
 CudaBackend::~CudaBackend() {
@@ -147,10 +155,22 @@ T* CudaBackend::scratch(DeviceBuffer<T>& buffer, size_t count) {
   return buffer.data();
 }
 
-void CudaBackend::upload_tables(const KvLayout& layout, const std::vector<int32_t>& step_ints) {
+void CudaBackend::upload_step(const std::vector<int32_t>& step_ints) {
+  int32_t* device = scratch(step_ints_, step_ints.size());
+  EKVA_CUDA_CHECK(cudaMemcpyAsync(device, step_ints.data(), step_ints.size() * sizeof(int32_t),
+                                  cudaMemcpyHostToDevice, stream_));
+  tokens_ = device;  // the step's inputs, in the order run() lays them out
+}
+
+void CudaBackend::upload_tables(const KvLayout& layout) {
+  // The device keeps each table's length itself (appends raise it, compactions lower it), so the
+  // tables go up again only when a page was added or released.
+  if (tables_of_ == &layout && tables_version_ == layout.table_version()) return;
   const int S = layout.num_sequences(), H = layout.num_kv_heads(), L = layout.num_layers();
-  std::vector<int32_t> ints = step_ints;
-  std::vector<size_t> at(L);  // each layer's offsets, then lengths, then page ids
+  std::vector<int32_t>& ints = tables_;
+  std::vector<size_t>& at = table_at_;
+  ints.clear();
+  at.assign(L, 0);  // each layer's offsets, then lengths, then page ids
   for (int l = 0; l < L; ++l) {
     at[l] = ints.size();
     const size_t offsets = ints.size(), lengths = offsets + S * H + 1;
@@ -183,8 +203,8 @@ void CudaBackend::upload_tables(const KvLayout& layout, const std::vector<int32_
     v.head_dim = layout.head_dim();
     v.page_size = layout.page_size();
   }
-  // The step's inputs, in the order run() lays them out.
-  tokens_ = device;
+  tables_of_ = &layout;
+  tables_version_ = layout.table_version();
 }
 
 void CudaBackend::attention_block(int layer, const StepPlan& plan, bool decode, bool scoring) {
@@ -491,12 +511,11 @@ std::vector<float> CudaBackend::run(const StepPlan& plan, KvLayout& layout,
 
   const bool scoring = std::any_of(batch.score_query.begin(), batch.score_query.end(),
                                    [](uint8_t f) { return f != 0; });
-  std::vector<uint8_t> in_batch(layout.num_sequences(), 0);  // 2: a voting token
+  std::vector<uint8_t> in_batch(layout.num_sequences(), 0);
   bool decode = true;
   for (int t = 0; t < n; ++t) {
     decode = decode && in_batch[batch.seq[t]] == 0;
-    const bool votes = !batch.score_query.empty() && batch.score_query[t] != 0;
-    in_batch[batch.seq[t]] = std::max<uint8_t>(in_batch[batch.seq[t]], votes ? 2 : 1);
+    in_batch[batch.seq[t]] = 1;
   }
   // Other steps attend on the tensor cores in tiles of one sequence's consecutive tokens; the
   // voting tokens' scores come from the general kernel, run on them alone.
@@ -520,7 +539,8 @@ std::vector<float> CudaBackend::run(const StepPlan& plan, KvLayout& layout,
   step.insert(step.end(), plan.logit_rows.begin(), plan.logit_rows.end());
   step.insert(step.end(), tiles.begin(), tiles.end());
   step.insert(step.end(), voters.begin(), voters.end());
-  upload_tables(layout, step);
+  upload_step(step);
+  upload_tables(layout);
   decode_plan_.reset();
   sequences_ = tokens_ + n;
   positions_ = tokens_ + 2 * n;
@@ -566,12 +586,8 @@ std::vector<float> CudaBackend::run(const StepPlan& plan, KvLayout& layout,
   std::vector<float> logits(static_cast<size_t>(rows) * s.vocab_size);
   EKVA_CUDA_CHECK(cudaMemcpyAsync(logits.data(), logits_d, logits.size() * sizeof(float),
                                   cudaMemcpyDeviceToHost, stream_));
-  std::vector<float> delta;
-  if (scoring) {
-    delta.resize(rows_in_use);
-    EKVA_CUDA_CHECK(cudaMemcpyAsync(delta.data(), score_delta_.data(), rows_in_use * sizeof(float),
-                                    cudaMemcpyDeviceToHost, stream_));
-  }
+  if (scoring)
+    add_scores(meta_.data(), score_delta_.data(), static_cast<int64_t>(rows_in_use), stream_);
   std::vector<int32_t> experts;
   if (!routed_on_device_.empty()) {
     experts.resize(routed);
@@ -582,20 +598,6 @@ std::vector<float> CudaBackend::run(const StepPlan& plan, KvLayout& layout,
   for (const auto& [layer, index] : routed_on_device_) {
     record_routing(layer, plan, layout, experts.data() + static_cast<size_t>(index) * n * s.top_k);
   }
-  if (scoring) {
-    for (int seq = 0; seq < layout.num_sequences(); ++seq) {
-      if (in_batch[seq] != 2) continue;
-      for (int l = 0; l < s.num_layers; ++l) {
-        for (int h = 0; h < s.num_kv_heads; ++h) {
-          HeadTable& t = layout.table(seq, l, h);
-          for (int i = 0; i < t.size(); ++i) {
-            const SlotAddress a = layout.address(t, i);
-            t.meta[i].score += delta[static_cast<size_t>(a.page) * layout.page_size() + a.row];
-          }
-        }
-      }
-    }
-  }
   return logits;
 }
 
@@ -603,43 +605,181 @@ void CudaBackend::apply(const EvictionPlan& plan, KvLayout& layout) {
   apply_all(std::span<const EvictionPlan>(&plan, 1), layout);
 }
 
-void CudaBackend::apply_all(std::span<const EvictionPlan> plans, KvLayout& layout) {
-  // Selections read and pool each plan's own sequence only, so all are made before any
-  // compaction; the device then compacts every flagged slot of a layer in one pass over the tables
-  // as they were, and the host mirror follows, plan by plan.
-  std::vector<std::vector<std::vector<uint8_t>>> flags;
-  flags.reserve(plans.size());
-  for (const EvictionPlan& plan : plans) flags.push_back(select_plan_evictions(plan, layout));
-  const size_t rows_in_use = static_cast<size_t>(layout.page_high_water()) * layout.page_size();
-  std::vector<uint8_t> pool_flags(rows_in_use, 0);
-  std::vector<uint8_t> layer_touched(layout.num_layers(), 0);
-  bool touched = false;
-  for (size_t p = 0; p < plans.size(); ++p) {
-    for (size_t i = 0; i < plans[p].segments.size(); ++i) {
-      const SegmentEviction& segment = plans[p].segments[i];
-      const HeadTable& t = layout.table(plans[p].seq, segment.layer, segment.kv_head);
-      for (int slot = 0; slot < t.size(); ++slot) {
-        if (flags[p][i][slot] == 0) continue;
-        const SlotAddress a = layout.address(t, slot);
-        pool_flags[static_cast<size_t>(a.page) * layout.page_size() + a.row] = 1;
-        layer_touched[segment.layer] = 1;
-        touched = true;
+namespace {
+
+// Pool rows of every retained slot of `seq`, layer by layer and KV head by KV head, in slot order.
+std::vector<int32_t> sequence_rows(int seq, const KvLayout& layout) {
+  std::vector<int32_t> rows;
+  for (int l = 0; l < layout.num_layers(); ++l) {
+    for (int h = 0; h < layout.num_kv_heads(); ++h) {
+      const HeadTable& t = layout.table(seq, l, h);
+      for (int i = 0; i < t.size(); ++i) {
+        const SlotAddress a = layout.address(t, i);
+        rows.push_back(a.page * layout.page_size() + a.row);
       }
     }
   }
-  if (!touched) return;
-  upload_tables(layout, {});
-  EKVA_CUDA_CHECK(cudaMemcpyAsync(flags_.data(), pool_flags.data(), rows_in_use,
+  return rows;
+}
+
+}  // namespace
+
+void CudaBackend::sync_scores(int seq, KvLayout& layout) {
+  const std::vector<int32_t> rows = sequence_rows(seq, layout);
+  if (rows.empty()) return;
+  int32_t* rows_d = scratch(score_rows_, rows.size());
+  float* scores_d = scratch(row_scores_, rows.size());
+  EKVA_CUDA_CHECK(cudaMemcpyAsync(rows_d, rows.data(), rows.size() * sizeof(int32_t),
                                   cudaMemcpyHostToDevice, stream_));
+  gather_scores(meta_.data(), rows_d, static_cast<int64_t>(rows.size()), scores_d, stream_);
+  std::vector<float> scores(rows.size());
+  EKVA_CUDA_CHECK(cudaMemcpyAsync(scores.data(), scores_d, scores.size() * sizeof(float),
+                                  cudaMemcpyDeviceToHost, stream_));
+  EKVA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  size_t i = 0;
+  for (int l = 0; l < layout.num_layers(); ++l) {
+    for (int h = 0; h < layout.num_kv_heads(); ++h) {
+      for (TokenMeta& m : layout.table(seq, l, h).meta) m.score = scores[i++];
+    }
+  }
+}
+
+void CudaBackend::select_on_device(std::span<const EvictionPlan> plans,
+                                   const std::vector<std::pair<size_t, size_t>>& listed,
+                                   const KvLayout& layout,
+                                   std::vector<std::vector<std::vector<int32_t>>>& slots) {
+  const int H = layout.num_kv_heads(), S = layout.num_sequences();
+  const int max_evictions = kMaxDecodeEvictions;
+  std::vector<int32_t> params, pinned;
+  params.reserve(listed.size() * kDecodeEvictParams);
+  for (const auto& [p, i] : listed) {
+    const SegmentEviction& e = plans[p].segments[i];
+    const size_t at = table_at_[e.layer];
+    const int segment = plans[p].seq * H + e.kv_head;
+    params.insert(params.end(), {static_cast<int32_t>(at + 2 * static_cast<size_t>(S) * H + 1) +
+                                     tables_[at + segment],
+                                 layout.table(plans[p].seq, e.layer, e.kv_head).size(), e.keep,
+                                 e.sinks, e.recent_from, static_cast<int32_t>(pinned.size()),
+                                 static_cast<int32_t>(pinned.size() + e.pinned.size())});
+    pinned.insert(pinned.end(), e.pinned.begin(), e.pinned.end());
+  }
+  const size_t count = listed.size();
+  const size_t out = params.size() + std::max<size_t>(pinned.size(), 1);
+  int32_t* ints = scratch(eviction_ints_, out + count * (max_evictions + 1));
+  EKVA_CUDA_CHECK(cudaMemcpyAsync(ints, params.data(), params.size() * sizeof(int32_t),
+                                  cudaMemcpyHostToDevice, stream_));
+  EKVA_CUDA_CHECK(cudaMemcpyAsync(ints + params.size(), pinned.data(),
+                                  pinned.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                  stream_));
+  DecodeEvictions e;
+  e.params = ints;
+  e.pinned = ints + params.size();
+  e.count = static_cast<int>(count);
+  e.max_evictions = max_evictions;
+  e.evict_flags = flags_.data();
+  e.evicted = ints + out;
+  e.num_evicted = ints + out + count * max_evictions;
+  select_decode_evictions(meta_.data(), ints_.data(), layout.page_size(), e, stream_);
+  std::vector<int32_t> result(count * (max_evictions + 1));
+  EKVA_CUDA_CHECK(cudaMemcpyAsync(result.data(), e.evicted, result.size() * sizeof(int32_t),
+                                  cudaMemcpyDeviceToHost, stream_));
+  EKVA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  for (size_t j = 0; j < count; ++j) {
+    const int n = result[count * max_evictions + j];
+    if (n < 0) {  // apply_all lists only segments within max_evictions of their keep
+      fail(ErrorKind::kInvalidArgument, "decode eviction: segment {} needs more than {} evictions",
+           j, max_evictions);
+    }
+    const int32_t* first = result.data() + j * max_evictions;
+    slots[listed[j].first][listed[j].second].assign(first, first + n);
+  }
+}
+
+void CudaBackend::apply_all(std::span<const EvictionPlan> plans, KvLayout& layout) {
+  // Selections read and pool each plan's own sequence only, so all are made before any
+  // compaction; the device then compacts every flagged slot of a layer in one pass over the tables
+  // as they were, and the host mirror follows, plan by plan. A segment a decode step outgrew by a
+  // few slots is selected on the device, over the scores there; a plan with group quotas or score
+  // pooling, or that evicts more (a prompt's compression), on the host over the scores
+  // sync_scores brought there, whose pooled values then go back to the device.
+  upload_tables(layout);
+  std::vector<std::vector<std::vector<int32_t>>> slots(plans.size());
+  std::vector<std::pair<size_t, size_t>> listed;
+  std::vector<uint8_t> on_host(plans.size(), 0);
+  std::vector<int32_t> host_rows;
+  for (size_t p = 0; p < plans.size(); ++p) {
+    const EvictionPlan& plan = plans[p];
+    slots[p].resize(plan.segments.size());
+    bool device = plan.pool_kernel <= 1;
+    for (const SegmentEviction& e : plan.segments) {
+      const int size = layout.table(plan.seq, e.layer, e.kv_head).size();
+      device = device && e.quota.empty() && size - e.keep <= kMaxDecodeEvictions;
+    }
+    if (device) {
+      for (size_t i = 0; i < plan.segments.size(); ++i) {
+        const SegmentEviction& e = plan.segments[i];
+        if (layout.table(plan.seq, e.layer, e.kv_head).size() > e.keep) listed.emplace_back(p, i);
+      }
+      continue;
+    }
+    on_host[p] = 1;
+    const std::vector<std::vector<uint8_t>> flags = select_plan_evictions(plan, layout);
+    for (size_t i = 0; i < plan.segments.size(); ++i) {
+      const SegmentEviction& e = plan.segments[i];
+      const HeadTable& t = layout.table(plan.seq, e.layer, e.kv_head);
+      for (int32_t slot = 0; slot < t.size(); ++slot) {
+        if (flags[i][slot] == 0) continue;
+        slots[p][i].push_back(slot);
+        const SlotAddress a = layout.address(t, slot);
+        host_rows.push_back(a.page * layout.page_size() + a.row);
+      }
+    }
+  }
+  if (!listed.empty()) select_on_device(plans, listed, layout, slots);
+  if (!host_rows.empty()) {
+    int32_t* rows_d = scratch(score_rows_, host_rows.size());
+    EKVA_CUDA_CHECK(cudaMemcpyAsync(rows_d, host_rows.data(), host_rows.size() * sizeof(int32_t),
+                                    cudaMemcpyHostToDevice, stream_));
+    flag_rows(flags_.data(), rows_d, static_cast<int64_t>(host_rows.size()), stream_);
+  }
+  std::vector<uint8_t> layer_touched(layout.num_layers(), 0);
+  for (size_t p = 0; p < plans.size(); ++p) {
+    for (size_t i = 0; i < plans[p].segments.size(); ++i) {
+      if (!slots[p][i].empty()) layer_touched[plans[p].segments[i].layer] = 1;
+    }
+  }
   for (int l = 0; l < layout.num_layers(); ++l) {
     if (layer_touched[l] != 0)
       evict_flagged(views_[l], flags_.data(), pool_rows_, compaction_.data(), stream_);
   }
+  const size_t rows_in_use = static_cast<size_t>(layout.page_high_water()) * layout.page_size();
+  EKVA_CUDA_CHECK(cudaMemsetAsync(flags_.data(), 0, rows_in_use, stream_));
   for (size_t p = 0; p < plans.size(); ++p) {
     for (size_t i = 0; i < plans[p].segments.size(); ++i) {
-      const SegmentEviction& segment = plans[p].segments[i];
-      layout.evict_flagged(plans[p].seq, segment.layer, segment.kv_head, flags[p][i]);
+      if (slots[p][i].empty()) continue;
+      const SegmentEviction& e = plans[p].segments[i];
+      layout.evict_slots(plans[p].seq, e.layer, e.kv_head, slots[p][i]);
     }
+  }
+  for (size_t p = 0; p < plans.size(); ++p) {
+    if (on_host[p] == 0) continue;
+    const std::vector<int32_t> rows = sequence_rows(plans[p].seq, layout);
+    std::vector<float> scores;
+    scores.reserve(rows.size());
+    for (int l = 0; l < layout.num_layers(); ++l) {
+      for (int h = 0; h < layout.num_kv_heads(); ++h) {
+        for (const TokenMeta& m : layout.table(plans[p].seq, l, h).meta) scores.push_back(m.score);
+      }
+    }
+    if (rows.empty()) continue;
+    EKVA_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the scratch below may still be read
+    int32_t* rows_d = scratch(score_rows_, rows.size());
+    float* scores_d = scratch(row_scores_, rows.size());
+    EKVA_CUDA_CHECK(cudaMemcpyAsync(rows_d, rows.data(), rows.size() * sizeof(int32_t),
+                                    cudaMemcpyHostToDevice, stream_));
+    EKVA_CUDA_CHECK(cudaMemcpyAsync(scores_d, scores.data(), scores.size() * sizeof(float),
+                                    cudaMemcpyHostToDevice, stream_));
+    scatter_scores(meta_.data(), rows_d, scores_d, static_cast<int64_t>(rows.size()), stream_);
   }
   EKVA_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }

@@ -1,10 +1,11 @@
 #pragma once
 // The CUDA backend: the whole model on the device (weights uploaded once in bf16, float32
 // activations, K/V in one bf16 page pool with the layout's page ids), checked against the CPU
-// backend. Routing and the KV policies' selection are mirrored on the host, where the layout and
-// its metadata live: a step downloads each MoE layer's routing and, when queries vote, the
-// retention scores they add; an eviction is selected on the host (select_plan_evictions) and
-// compacted on the device.
+// backend. The layout and its metadata live on the host, mirrored: a step downloads each MoE
+// layer's routing, while the retention scores the voting queries add stay on the device beside the
+// pages (sync_scores copies a sequence's to the host when a selection is made there). A decode
+// step's evictions are selected on the device; a prompt's compression and group quotas on the host
+// (select_plan_evictions). Either way the device compacts and the host mirror follows.
 #include <cuda_runtime_api.h>
 
 #include <memory>
@@ -35,9 +36,10 @@ class CudaBackend : public Backend {
   std::vector<float> run(const StepPlan& plan, KvLayout& layout,
                          ForwardObserver* observer) override;
   void apply(const EvictionPlan& plan, KvLayout& layout) override;
-  // One selection on the host per plan, then one upload of the flags and the tables and one
-  // compaction per layer for all of them.
+  // Every plan selected (on the device where it can be, see above), then one compaction per layer
+  // for all of them.
   void apply_all(std::span<const EvictionPlan> plans, KvLayout& layout) override;
+  void sync_scores(int seq, KvLayout& layout) override;
   void disable_expert(int layer, int expert) override { disabled_ = {layer, expert}; }
 
  private:
@@ -47,8 +49,16 @@ class CudaBackend : public Backend {
   // Growable device scratch of one step.
   template <typename T>
   T* scratch(DeviceBuffer<T>& buffer, size_t count);
-  // Uploads the step's integer inputs and every layer's block tables; sets views_.
-  void upload_tables(const KvLayout& layout, const std::vector<int32_t>& step_ints);
+  // Uploads the step's integer inputs (tokens_ and what follows).
+  void upload_step(const std::vector<int32_t>& step_ints);
+  // Uploads every layer's block tables unless the device has them; sets views_.
+  void upload_tables(const KvLayout& layout);
+  // Selects on the device the evictions of the listed segments, each the segment i of plan p, into
+  // slots[p][i].
+  void select_on_device(std::span<const EvictionPlan> plans,
+                        const std::vector<std::pair<size_t, size_t>>& listed,
+                        const KvLayout& layout,
+                        std::vector<std::vector<std::vector<int32_t>>>& slots);
   // decode: the step holds at most one token per sequence, so the decode attention kernel (one
   // query per sequence over every retained slot) serves it.
   void attention_block(int layer, const StepPlan& plan, bool decode, bool scoring);
@@ -78,8 +88,17 @@ class CudaBackend : public Backend {
   DeviceBuffer<TokenMeta> meta_;
   DeviceBuffer<float> score_delta_;  // pool-parallel: what this step's voting queries added
   std::vector<PagedKvLayer> views_;  // per layer, into ints_
-  // The step's integer inputs, then the tables: see upload_tables.
+  DeviceBuffer<int32_t> step_ints_;  // the step's integer inputs: see run()
+  // The block tables (upload_tables): tables_ is the host copy, table_at_ each layer's start in
+  // it, read from tables_of_ at its table_version() tables_version_.
   DeviceBuffer<int32_t> ints_;
+  std::vector<int32_t> tables_;
+  std::vector<size_t> table_at_;
+  const KvLayout* tables_of_ = nullptr;
+  uint64_t tables_version_ = 0;
+  DeviceBuffer<int32_t> eviction_ints_;  // a decode selection's parameters and results
+  DeviceBuffer<int32_t> score_rows_;     // the pool rows sync_scores and apply_all copy scores of
+  DeviceBuffer<float> row_scores_;
   const int32_t* tokens_ = nullptr;
   const int32_t* sequences_ = nullptr;
   const int32_t* positions_ = nullptr;

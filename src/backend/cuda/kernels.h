@@ -90,23 +90,28 @@ struct CompactLaunch {
 };
 void launch_compact_kv(const CompactLaunch& launch, cudaStream_t stream);
 
-struct SelectLaunch {
+// Per listed segment: offset of its block table in page_ids, length, keep, sinks, recent_from,
+// and the [begin, end) of its pinned positions in `pinned`.
+inline constexpr int kDecodeEvictParams = 7;
+inline constexpr int kMaxDecodeEvictions = 16;
+struct DecodeEvictLaunch {
   const TokenMeta* meta;
   const int32_t* page_ids;
-  const int32_t* page_offsets;
-  const int32_t* lengths;
-  const int32_t* budgets;             // [num_kv_heads, num_groups]
-  const int32_t* expert_group;        // [num_experts], or null for group = expert
-  const int32_t* keep_from_position;  // [num_sequences], or null
-  uint8_t* evict_flags;               // pool-parallel
-  int num_segments;
-  int num_kv_heads;
-  int num_experts;
-  int num_groups;
-  int sink_tokens;
+  const int32_t* params;  // [count, kDecodeEvictParams]
+  const int32_t* pinned;
+  uint8_t* evict_flags;  // pool-parallel
+  int32_t* evicted;      // [count, max_evictions]
+  int32_t* num_evicted;  // [count]
+  int count;
+  int max_evictions;
   int page_size;
 };
-inline constexpr int kMaxSelectGroups = 64;
-void launch_select_evictions(const SelectLaunch& launch, cudaStream_t stream);
+void launch_select_decode_evictions(const DecodeEvictLaunch& launch, cudaStream_t stream);
+void launch_add_scores(TokenMeta* meta, const float* delta, int64_t rows, cudaStream_t stream);
+void launch_gather_scores(const TokenMeta* meta, const int32_t* rows, int64_t n, float* out,
+                          cudaStream_t stream);
+void launch_scatter_scores(TokenMeta* meta, const int32_t* rows, const float* scores, int64_t n,
+                           cudaStream_t stream);
+void launch_flag_rows(uint8_t* flags, const int32_t* rows, int64_t n, cudaStream_t stream);
 
 }  // namespace ekva::cuda

@@ -89,23 +89,42 @@ void evict_flagged(const PagedKvLayer& kv, const uint8_t* evict_flags, int64_t p
   launch_compact_kv(launch, stream);
 }
 
-void select_evictions(const PagedKvLayer& kv, const EvictionSelection& selection,
-                      uint8_t* evict_flags, cudaStream_t stream) {
-  check_layer(kv, "select_evictions");
-  if (kv.meta == nullptr || selection.budgets == nullptr || evict_flags == nullptr) {
-    fail(ErrorKind::kInvalidArgument, "select_evictions: metadata, budgets and flags must be set");
+void select_decode_evictions(const TokenMeta* meta, const int32_t* page_ids, int page_size,
+                             const DecodeEvictions& e, cudaStream_t stream) {
+  if (e.count < 0 || e.max_evictions < 1 || e.max_evictions > kMaxDecodeEvictions ||
+      page_size <= 0) {
+    fail(ErrorKind::kInvalidArgument,
+         "select_decode_evictions: {} segments, {} evictions each at most (1 to {}), page size {}",
+         e.count, e.max_evictions, kMaxDecodeEvictions, page_size);
   }
-  if (selection.num_groups <= 0 || selection.num_groups > kMaxSelectGroups ||
-      selection.num_experts <= 0) {
-    fail(ErrorKind::kUnsupported,
-         "select_evictions: {} expert groups over {} experts (1 to {} groups implemented)",
-         selection.num_groups, selection.num_experts, kMaxSelectGroups);
+  if (e.count == 0) return;
+  if (meta == nullptr || page_ids == nullptr || e.params == nullptr || e.pinned == nullptr ||
+      e.evict_flags == nullptr || e.evicted == nullptr || e.num_evicted == nullptr) {
+    fail(ErrorKind::kInvalidArgument,
+         "select_decode_evictions: metadata, tables, parameters, pinned positions, flags and "
+         "outputs must be set");
   }
-  launch_select_evictions(
-      {kv.meta, kv.page_ids, kv.page_offsets, kv.lengths, selection.budgets, selection.expert_group,
-       selection.keep_from_position, evict_flags, kv.num_segments(), kv.num_kv_heads,
-       selection.num_experts, selection.num_groups, selection.sink_tokens, kv.page_size},
-      stream);
+  launch_select_decode_evictions({meta, page_ids, e.params, e.pinned, e.evict_flags, e.evicted,
+                                  e.num_evicted, e.count, e.max_evictions, page_size},
+                                 stream);
+}
+
+void add_scores(TokenMeta* meta, const float* delta, int64_t rows, cudaStream_t stream) {
+  if (rows > 0) launch_add_scores(meta, delta, rows, stream);
+}
+
+void gather_scores(const TokenMeta* meta, const int32_t* rows, int64_t n, float* out,
+                   cudaStream_t stream) {
+  if (n > 0) launch_gather_scores(meta, rows, n, out, stream);
+}
+
+void scatter_scores(TokenMeta* meta, const int32_t* rows, const float* scores, int64_t n,
+                    cudaStream_t stream) {
+  if (n > 0) launch_scatter_scores(meta, rows, scores, n, stream);
+}
+
+void flag_rows(uint8_t* flags, const int32_t* rows, int64_t n, cudaStream_t stream) {
+  if (n > 0) launch_flag_rows(flags, rows, n, stream);
 }
 
 }  // namespace ekva::cuda

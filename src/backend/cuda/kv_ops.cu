@@ -1,6 +1,8 @@
-// Device KV operations: append with RoPE, compaction of flagged slots, top-k eviction selection.
+// Device KV operations: append with RoPE, compaction of flagged slots, decode-step eviction
+// selection, and the per-slot scores.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "backend/cuda/cuda_check.h"
@@ -226,7 +228,7 @@ __global__ void __launch_bounds__(kCopyThreads) copy_moves_kernel(const CompactL
   }
 }
 
-constexpr int kSelectThreads = 512;
+constexpr int kEvictThreads = 256;
 
 // Order-preserving map of a float to an unsigned integer; -0 and +0 map alike (they tie).
 __device__ __forceinline__ uint32_t ordered_bits(float x) {
@@ -234,83 +236,166 @@ __device__ __forceinline__ uint32_t ordered_bits(float x) {
   return (u & 0x80000000u) != 0 ? ~u : u | 0x80000000u;
 }
 
-// One CTA per segment, all groups at once: a radix select (8 bits a pass) of each group's
-// budget-th largest key, where key = (score, inverted slot) is unique, so exactly `budget` keys
-// are >= it.
-__global__ void __launch_bounds__(kSelectThreads) select_evictions_kernel(const SelectLaunch p) {
-  extern __shared__ uint32_t histogram[];  // [num_groups][256]
-  __shared__ unsigned long long threshold[kMaxSelectGroups];
-  __shared__ int remaining[kMaxSelectGroups];
-  __shared__ int counts[kMaxSelectGroups];
-  const int segment = blockIdx.x;
-  const int seq = segment / p.num_kv_heads;
-  const int kv_head = segment - seq * p.num_kv_heads;
-  const int length = p.lengths[segment];
-  const int32_t* table = p.page_ids + p.page_offsets[segment];
-  const int keep_from = p.keep_from_position != nullptr ? p.keep_from_position[seq] : 0x7fffffff;
+// The order a decode eviction takes candidates in, smallest first: the lowest score, then the
+// latest position (select_evictions keeps the highest scores, earliest positions first). Positions
+// are distinct within a table, so no two candidates share a key.
+__device__ __forceinline__ unsigned long long eviction_key(const TokenMeta& m) {
+  return (static_cast<unsigned long long>(ordered_bits(m.score)) << 32) |
+         (0xffffffffu - static_cast<uint32_t>(m.position));
+}
 
-  const auto group_of = [&](const TokenMeta& m) {
-    if (m.position < p.sink_tokens || m.position >= keep_from) return -1;
-    if (m.expert < 0 || m.expert >= p.num_experts) return -1;
-    const int g = p.expert_group != nullptr ? p.expert_group[m.expert] : m.expert;
-    return g >= 0 && g < p.num_groups ? g : -1;
-  };
-  const auto key_of = [](const TokenMeta& m, int slot) {
-    return (static_cast<unsigned long long>(ordered_bits(m.score)) << 32) |
-           (0xffffffffu - static_cast<uint32_t>(slot));
-  };
-
-  for (int g = threadIdx.x; g < p.num_groups; g += blockDim.x) counts[g] = 0;
-  __syncthreads();
-  for (int slot = threadIdx.x; slot < length; slot += blockDim.x) {
-    const int g = group_of(p.meta[pool_row(table, slot, p.page_size)]);
-    if (g >= 0) atomicAdd(&counts[g], 1);
-  }
-  __syncthreads();
-  // threshold 0: keep the whole group; ~0: evict it whole (budget 0). Else selection pending.
-  for (int g = threadIdx.x; g < p.num_groups; g += blockDim.x) {
-    const int budget = p.budgets[kv_head * p.num_groups + g];
-    remaining[g] = counts[g] > budget && budget > 0 ? budget : 0;
-    threshold[g] = budget <= 0 ? ~0ull : 0ull;
-  }
-  __syncthreads();
-
-  for (int shift = 56; shift >= 0; shift -= 8) {
-    const unsigned long long decided = shift == 56 ? 0ull : ~0ull << (shift + 8);
-    for (int i = threadIdx.x; i < p.num_groups * 256; i += blockDim.x) histogram[i] = 0;
-    __syncthreads();
-    for (int slot = threadIdx.x; slot < length; slot += blockDim.x) {
-      const TokenMeta m = p.meta[pool_row(table, slot, p.page_size)];
-      const int g = group_of(m);
-      if (g < 0 || remaining[g] == 0) continue;
-      const unsigned long long key = key_of(m, slot);
-      if ((key & decided) == threshold[g]) {
-        atomicAdd(&histogram[g * 256 + static_cast<int>((key >> shift) & 0xff)], 1u);
-      }
+__device__ __forceinline__ bool is_pinned(const int32_t* pinned, int n, int32_t position) {
+  int lo = 0, hi = n;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (pinned[mid] < position) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
     }
-    __syncthreads();
-    for (int g = threadIdx.x; g < p.num_groups; g += blockDim.x) {
-      if (remaining[g] == 0) continue;
-      int above = 0;
-      for (int digit = 255; digit >= 0; --digit) {
-        const int here = static_cast<int>(histogram[g * 256 + digit]);
-        if (above + here >= remaining[g]) {
-          threshold[g] |= static_cast<unsigned long long>(digit) << shift;
-          remaining[g] -= above;
-          break;
+  }
+  return lo < n && pinned[lo] == position;
+}
+
+// The CTA's smallest (key, slot); every thread returns it.
+__device__ void cta_min(unsigned long long& key, int& slot, unsigned long long* keys, int* slots) {
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const unsigned long long k = __shfl_down_sync(0xffffffffu, key, offset);
+    const int s = __shfl_down_sync(0xffffffffu, slot, offset);
+    if (k < key) {
+      key = k;
+      slot = s;
+    }
+  }
+  if (threadIdx.x % 32 == 0) {
+    keys[threadIdx.x / 32] = key;
+    slots[threadIdx.x / 32] = slot;
+  }
+  __syncthreads();
+  key = keys[0];
+  slot = slots[0];
+  for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) {
+    if (keys[w] < key) {
+      key = keys[w];
+      slot = slots[w];
+    }
+  }
+  __syncthreads();  // keys and slots are free again
+}
+
+// One CTA per listed segment: select_evictions for a table a decode step has outgrown by a few
+// slots. Protected slots (sinks, the recent window, pinned positions) stay; with room for
+// `remaining` candidates, the others go lowest key first (one pass per eviction); with none, every
+// candidate goes.
+__global__ void __launch_bounds__(kEvictThreads)
+    select_decode_evictions_kernel(const DecodeEvictLaunch p) {
+  __shared__ unsigned long long warp_keys[kEvictThreads / 32];
+  __shared__ int warp_slots[kEvictThreads / 32];
+  __shared__ int counts[2];  // protected, candidates
+  __shared__ int candidates[kMaxDecodeEvictions];
+  const int32_t* q = p.params + static_cast<int64_t>(blockIdx.x) * kDecodeEvictParams;
+  const int32_t* table = p.page_ids + q[0];
+  const int length = q[1], keep = q[2], sinks = q[3], recent_from = q[4];
+  const int32_t* pinned = p.pinned + q[5];
+  const int num_pinned = q[6] - q[5];
+  if (threadIdx.x < 2) counts[threadIdx.x] = 0;
+  __syncthreads();
+  const auto is_candidate = [&](const TokenMeta& m) {
+    return m.position >= sinks && m.position < recent_from &&
+           !is_pinned(pinned, num_pinned, m.position);
+  };
+  int protected_here = 0;
+  unsigned long long key = ~0ull;
+  int slot = -1;
+  for (int i = threadIdx.x; i < length; i += blockDim.x) {
+    const TokenMeta m = p.meta[pool_row(table, i, p.page_size)];
+    if (!is_candidate(m)) {
+      ++protected_here;
+      continue;
+    }
+    const int rank = atomicAdd(&counts[1], 1);
+    if (rank < p.max_evictions) candidates[rank] = i;
+    const unsigned long long k = eviction_key(m);
+    if (k < key) {
+      key = k;
+      slot = i;
+    }
+  }
+  atomicAdd(&counts[0], protected_here);
+  cta_min(key, slot, warp_keys, warp_slots);  // its barrier also publishes the counts
+  const int remaining = keep - counts[0];
+  const int num_candidates = counts[1];
+  const int evictions = remaining <= 0 ? num_candidates : max(0, num_candidates - remaining);
+  if (evictions > p.max_evictions) {
+    if (threadIdx.x == 0) p.num_evicted[blockIdx.x] = -1;
+    return;
+  }
+  int32_t* out = p.evicted + static_cast<int64_t>(blockIdx.x) * p.max_evictions;
+  if (evictions < num_candidates) {  // the lowest keys; else every candidate, collected above
+    if (threadIdx.x == 0 && evictions > 0) candidates[0] = slot;
+    for (int e = 1; e < evictions; ++e) {
+      const unsigned long long last = key;
+      key = ~0ull;
+      slot = -1;
+      for (int i = threadIdx.x; i < length; i += blockDim.x) {
+        const TokenMeta m = p.meta[pool_row(table, i, p.page_size)];
+        const unsigned long long k = eviction_key(m);
+        if (is_candidate(m) && k > last && k < key) {
+          key = k;
+          slot = i;
         }
-        above += here;
       }
+      cta_min(key, slot, warp_keys, warp_slots);
+      if (threadIdx.x == 0) candidates[e] = slot;
     }
-    __syncthreads();
   }
+  if (threadIdx.x != 0) return;
+  for (int e = 1; e < evictions; ++e) {  // ascending slots, as KvLayout::evict_slots takes them
+    const int v = candidates[e];
+    int j = e;
+    for (; j > 0 && candidates[j - 1] > v; --j) candidates[j] = candidates[j - 1];
+    candidates[j] = v;
+  }
+  for (int e = 0; e < evictions; ++e) {
+    out[e] = candidates[e];
+    p.evict_flags[pool_row(table, candidates[e], p.page_size)] = 1;
+  }
+  p.num_evicted[blockIdx.x] = evictions;
+}
 
-  for (int slot = threadIdx.x; slot < length; slot += blockDim.x) {
-    const int64_t row = pool_row(table, slot, p.page_size);
-    const TokenMeta m = p.meta[row];
-    const int g = group_of(m);
-    p.evict_flags[row] = g >= 0 && key_of(m, slot) < threshold[g] ? 1 : 0;
+__global__ void add_scores_kernel(TokenMeta* meta, const float* delta, int64_t rows) {
+  for (int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; r < rows;
+       r += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    meta[r].score += delta[r];
   }
+}
+
+__global__ void gather_scores_kernel(const TokenMeta* meta, const int32_t* rows, int64_t n,
+                                     float* out) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out[i] = meta[rows[i]].score;
+  }
+}
+
+__global__ void scatter_scores_kernel(TokenMeta* meta, const int32_t* rows, const float* scores,
+                                      int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    meta[rows[i]].score = scores[i];
+  }
+}
+
+__global__ void flag_rows_kernel(uint8_t* flags, const int32_t* rows, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    flags[rows[i]] = 1;
+  }
+}
+
+int grid_for(int64_t work, int threads) {
+  return static_cast<int>(
+      std::max<int64_t>(1, std::min<int64_t>((work + threads - 1) / threads, 4096)));
 }
 
 }  // namespace
@@ -331,12 +416,30 @@ void launch_compact_kv(const CompactLaunch& launch, cudaStream_t stream) {
                      kCopyThreads, 0, stream, launch);
 }
 
-void launch_select_evictions(const SelectLaunch& launch, cudaStream_t stream) {
-  const size_t histogram_bytes = static_cast<size_t>(launch.num_groups) * 256 * sizeof(uint32_t);
-  EKVA_CUDA_CHECK(cudaFuncSetAttribute(select_evictions_kernel,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(histogram_bytes)));
-  select_evictions_kernel<<<launch.num_segments, kSelectThreads, histogram_bytes, stream>>>(launch);
+void launch_select_decode_evictions(const DecodeEvictLaunch& launch, cudaStream_t stream) {
+  select_decode_evictions_kernel<<<launch.count, kEvictThreads, 0, stream>>>(launch);
+  EKVA_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_add_scores(TokenMeta* meta, const float* delta, int64_t rows, cudaStream_t stream) {
+  add_scores_kernel<<<grid_for(rows, 256), 256, 0, stream>>>(meta, delta, rows);
+  EKVA_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_gather_scores(const TokenMeta* meta, const int32_t* rows, int64_t n, float* out,
+                          cudaStream_t stream) {
+  gather_scores_kernel<<<grid_for(n, 256), 256, 0, stream>>>(meta, rows, n, out);
+  EKVA_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_scatter_scores(TokenMeta* meta, const int32_t* rows, const float* scores, int64_t n,
+                           cudaStream_t stream) {
+  scatter_scores_kernel<<<grid_for(n, 256), 256, 0, stream>>>(meta, rows, scores, n);
+  EKVA_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_flag_rows(uint8_t* flags, const int32_t* rows, int64_t n, cudaStream_t stream) {
+  flag_rows_kernel<<<grid_for(n, 256), 256, 0, stream>>>(flags, rows, n);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -1,6 +1,6 @@
 #pragma once
 // Device operations on the paged KV pool (paged_kv.h): append with RoPE, eviction by flags in
-// KvLayout::evict_flagged's order, and per-group top-k selection of what to evict. Page
+// KvLayout::evict_flagged's order, the selection of a decode step's evictions, and the scores. Page
 // allocation stays on the host: the host grows block tables before an append and releases the
 // pages past the new lengths after a compaction.
 #include <cuda_runtime_api.h>
@@ -39,20 +39,32 @@ size_t compaction_workspace_bytes(int64_t pool_rows, int num_segments);
 void evict_flagged(const PagedKvLayer& kv, const uint8_t* evict_flags, int64_t pool_rows,
                    void* workspace, cudaStream_t stream);
 
-struct EvictionSelection {
-  const int32_t* budgets = nullptr;       // [num_kv_heads, num_groups]: slots each group keeps
-  const int32_t* expert_group = nullptr;  // [num_experts]: group of each expert; null: identity
-  int num_experts = 0;
-  int num_groups = 0;   // at most 64
-  int sink_tokens = 0;  // slots with position < sink_tokens are always kept
-  // [num_sequences]: slots with position >= this are always kept (the recent window); may be null
-  const int32_t* keep_from_position = nullptr;
+// A decode step's evictions: segments of any layers and sequences, each as a SegmentEviction
+// without group quotas describes it, selected exactly as select_evictions selects (ties included)
+// when a table has outgrown its keep by at most max_evictions candidates (a decode step adds one
+// slot per table).
+struct DecodeEvictions {
+  // [count, 7]: the offset of the segment's block table in page_ids, its length, keep, sinks,
+  // recent_from, and the [begin, end) of its pinned positions (ascending) in `pinned`.
+  const int32_t* params = nullptr;
+  const int32_t* pinned = nullptr;
+  int count = 0;
+  int max_evictions = 0;           // at most kMaxDecodeEvictions (16)
+  uint8_t* evict_flags = nullptr;  // pool-parallel, zero where nothing is evicted: set to 1
+  int32_t* evicted = nullptr;      // [count, max_evictions]: the evicted slots, ascending
+  int32_t* num_evicted = nullptr;  // [count]: how many; -1 where more than max_evictions would go
 };
+void select_decode_evictions(const TokenMeta* meta, const int32_t* page_ids, int page_size,
+                             const DecodeEvictions& evictions, cudaStream_t stream);
 
-// Sets the pool-parallel flag of every retained slot: 1 to evict, 0 to keep. Within each
-// (segment, expert group) the `budget` slots with the highest metadata score are kept (ties: the
-// lower slot); slots whose expert maps to no group (expert -1: not routed) are kept.
-void select_evictions(const PagedKvLayer& kv, const EvictionSelection& selection,
-                      uint8_t* evict_flags, cudaStream_t stream);
+// The retention scores of the pool-parallel metadata: meta[r].score += delta[r] for r < rows, as
+// the CPU backend adds a step's scores; a copy of some rows' scores out, and in.
+void add_scores(TokenMeta* meta, const float* delta, int64_t rows, cudaStream_t stream);
+void gather_scores(const TokenMeta* meta, const int32_t* rows, int64_t n, float* out,
+                   cudaStream_t stream);
+void scatter_scores(TokenMeta* meta, const int32_t* rows, const float* scores, int64_t n,
+                    cudaStream_t stream);
+// Sets the pool-parallel flag of each listed row to 1.
+void flag_rows(uint8_t* flags, const int32_t* rows, int64_t n, cudaStream_t stream);
 
 }  // namespace ekva::cuda

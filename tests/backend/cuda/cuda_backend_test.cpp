@@ -326,6 +326,7 @@ TEST_F(CudaEngineTest, EvictionsOfABatchInOnePassEqualThemOneByOne) {
       fill.logit_rows = {fill.size() - 1};
       fill.score_query = policies.back().prefill_score_queries(fill.size());
       backend.run(plan_step(s, fill, layout), layout, nullptr);
+      backend.sync_scores(seq, layout);  // the prompt's votes, which compression ranks by
       backend.apply(policies.back().compress(layout, seq, fill.size()), layout);
     }
     // One token each (its scores voted), not evicted yet.

@@ -9,7 +9,9 @@
 #include <vector>
 
 #include "backend/cpu/ops.h"
+#include "backend/cuda/kernels.h"
 #include "core/error.h"
+#include "kv/eviction_plan.h"
 #include "paged_kv_fixture.h"
 
 namespace ekva::cuda {
@@ -196,79 +198,114 @@ TEST_F(KvOpsTest, EvictFlaggedMatchesKvLayoutEvictFlagged) {
   }
 }
 
-TEST_F(KvOpsTest, SelectEvictionsKeepsTopScoresPerGroup) {
+// A decode step's evictions selected on the device are the reference's (select_evictions): tables
+// up to a few slots over their keep, in scrambled position order, with sinks, a recent window,
+// pinned positions and tied scores; where more would go than the call allows, it says so.
+TEST_F(KvOpsTest, SelectDecodeEvictionsEqualTheReference) {
   const bool small = testing::small_sizes();
   std::mt19937 rng(5);
-  const int num_sequences = small ? 2 : 6, num_kv_heads = 2, head_dim = 64, page_size = 16;
-  const int num_experts = 8, num_groups = 4, sink_tokens = 3;
+  const int num_sequences = small ? 2 : 5, num_kv_heads = 3, head_dim = 64, page_size = 16;
+  constexpr int kMaxEvictions = 4;
   testing::HostKv cache(testing::kv_spec(num_kv_heads, head_dim, 4), num_sequences, page_size);
   const std::vector<int32_t> lengths =
-      random_lengths(num_sequences * num_kv_heads, small ? 300 : 20000, rng);
-  testing::fill_cache(cache, lengths, rng, num_experts);
-  // Coarse scores: many ties, which must break toward the lower slot.
+      random_lengths(num_sequences * num_kv_heads, small ? 300 : 6000, rng);
+  testing::fill_cache(cache, lengths, rng);
   for (int s = 0; s < num_sequences; ++s) {
     for (int h = 0; h < num_kv_heads; ++h) {
-      for (TokenMeta& m : cache.table(s, 0, h).meta) m.score = std::round(m.score * 8.0f) / 8.0f;
+      std::vector<TokenMeta>& meta = cache.table(s, 0, h).meta;
+      std::shuffle(meta.begin(), meta.end(), rng);  // compaction scrambles a table's order
+      for (TokenMeta& m : meta) m.score = std::round(m.score * 4.0f) / 4.0f;  // many ties
     }
   }
   DeviceKvLayer kv(cache.layout, cache.pages, 0);
-
-  const std::vector<int32_t> expert_group = {0, 0, 1, 1, 2, 2, 3, -1};  // expert 7 in no group
-  std::vector<int32_t> budgets(num_kv_heads * num_groups);
-  std::uniform_int_distribution<int> budget(0, small ? 60 : 3000);
-  for (int32_t& b : budgets) b = budget(rng);
-  std::vector<int32_t> keep_from(num_sequences);
-  for (int s = 0; s < num_sequences; ++s)
-    keep_from[s] = std::max(0, lengths[s * num_kv_heads] - 10);
-
-  DeviceBuffer<int32_t> budgets_d{std::span<const int32_t>(budgets)},
-      groups_d{std::span<const int32_t>(expert_group)}, keep_d{std::span<const int32_t>(keep_from)};
-  DeviceBuffer<uint8_t> flags_d{std::span<const uint8_t>(std::vector<uint8_t>(kv.pool_rows(), 7))};
-  EvictionSelection selection;
-  selection.budgets = budgets_d.data();
-  selection.expert_group = groups_d.data();
-  selection.num_experts = num_experts;
-  selection.num_groups = num_groups;
-  selection.sink_tokens = sink_tokens;
-  selection.keep_from_position = keep_d.data();
-  select_evictions(kv.view(), selection, flags_d.data(), nullptr);
-  EKVA_CUDA_CHECK(cudaDeviceSynchronize());
-  const std::vector<uint8_t> flags = flags_d.download();
-
+  std::vector<SegmentEviction> segments;
+  std::vector<int> segment_of;
+  std::vector<int32_t> params, pinned;
+  int32_t table_offset = 0;
   for (int s = 0; s < num_sequences; ++s) {
     for (int h = 0; h < num_kv_heads; ++h) {
       const HeadTable& t = cache.table(s, 0, h);
-      std::vector<std::vector<int>> members(num_groups);
-      for (int slot = 0; slot < t.size(); ++slot) {
-        const TokenMeta& m = t.meta[slot];
-        if (m.position < sink_tokens || m.position >= keep_from[s] || m.expert < 0) continue;
-        const int g = expert_group[m.expert];
-        if (g >= 0) members[g].push_back(slot);
-      }
-      std::vector<uint8_t> want(t.size(), 0);
-      for (int g = 0; g < num_groups; ++g) {
-        std::vector<int>& v = members[g];
-        std::stable_sort(v.begin(), v.end(),
-                         [&](int a, int b) { return t.meta[a].score > t.meta[b].score; });
-        const size_t keep = std::min<size_t>(v.size(), budgets[h * num_groups + g]);
-        for (size_t i = keep; i < v.size(); ++i) want[v[i]] = 1;
-      }
-      for (int slot = 0; slot < t.size(); ++slot) {
-        const size_t row =
-            static_cast<size_t>(t.pages[slot / page_size]) * page_size + slot % page_size;
-        ASSERT_EQ(flags[row], want[slot]) << "seq " << s << " head " << h << " slot " << slot;
-      }
+      const int32_t offset = table_offset;
+      table_offset += static_cast<int32_t>(t.pages.size());
+      if (t.size() == 0) continue;
+      SegmentEviction e;
+      e.kv_head = h;
+      e.keep = std::max(0, t.size() - std::uniform_int_distribution<int>(0, 5)(rng));
+      e.sinks = std::uniform_int_distribution<int>(0, 4)(rng);
+      e.recent_from = t.size() - std::uniform_int_distribution<int>(0, 30)(rng);
+      std::uniform_int_distribution<int> position(0, t.size() - 1);
+      for (int i = std::uniform_int_distribution<int>(0, 3)(rng); i > 0; --i)
+        e.pinned.push_back(position(rng));
+      std::sort(e.pinned.begin(), e.pinned.end());
+      e.pinned.erase(std::unique(e.pinned.begin(), e.pinned.end()), e.pinned.end());
+      params.insert(params.end(), {offset, t.size(), e.keep, e.sinks, e.recent_from,
+                                   static_cast<int32_t>(pinned.size()),
+                                   static_cast<int32_t>(pinned.size() + e.pinned.size())});
+      pinned.insert(pinned.end(), e.pinned.begin(), e.pinned.end());
+      segments.push_back(e);
+      segment_of.push_back(s * num_kv_heads + h);
     }
   }
+  pinned.push_back(0);  // never empty
+  const int count = static_cast<int>(segments.size());
+  DeviceBuffer<int32_t> params_d{std::span<const int32_t>(params)},
+      pinned_d{std::span<const int32_t>(pinned)},
+      evicted_d{std::span<const int32_t>(std::vector<int32_t>(count * kMaxEvictions, -7))},
+      counts_d{std::span<const int32_t>(std::vector<int32_t>(count, -7))};
+  DeviceBuffer<uint8_t> flags_d{std::span<const uint8_t>(std::vector<uint8_t>(kv.pool_rows(), 0))};
+  DecodeEvictions e;
+  e.params = params_d.data();
+  e.pinned = pinned_d.data();
+  e.count = count;
+  e.max_evictions = kMaxEvictions;
+  e.evict_flags = flags_d.data();
+  e.evicted = evicted_d.data();
+  e.num_evicted = counts_d.data();
+  select_decode_evictions(kv.meta().data(), kv.view().page_ids, page_size, e, nullptr);
+  EKVA_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<int32_t> evicted = evicted_d.download(), counts = counts_d.download();
+  const std::vector<uint8_t> flags = flags_d.download();
+  int checked_selections = 0, refused = 0;
+  for (int i = 0; i < count; ++i) {
+    const HeadTable& t = cache.table(segment_of[i] / num_kv_heads, 0, segment_of[i] % num_kv_heads);
+    const std::vector<uint8_t> want = select_evictions(t, segments[i]);
+    std::vector<int32_t> want_slots;
+    for (int slot = 0; slot < t.size(); ++slot) {
+      if (want[slot] != 0) want_slots.push_back(slot);
+    }
+    SCOPED_TRACE(::testing::Message() << "segment " << segment_of[i] << " of " << t.size());
+    if (static_cast<int>(want_slots.size()) > kMaxEvictions) {
+      EXPECT_EQ(counts[i], -1);
+      ++refused;
+      continue;
+    }
+    ASSERT_EQ(counts[i], static_cast<int32_t>(want_slots.size()));
+    EXPECT_EQ(std::vector<int32_t>(evicted.begin() + i * kMaxEvictions,
+                                   evicted.begin() + i * kMaxEvictions + counts[i]),
+              want_slots);
+    for (int slot = 0; slot < t.size(); ++slot) {
+      const size_t row =
+          static_cast<size_t>(t.pages[slot / page_size]) * page_size + slot % page_size;
+      ASSERT_EQ(flags[row], want[slot]) << "slot " << slot;
+    }
+    checked_selections += want_slots.empty() ? 0 : 1;
+  }
+  EXPECT_GT(checked_selections, 0);
+  RecordProperty("refused", refused);
 }
 
 TEST(KvOpsHostTest, RejectsBadArguments) {
   PagedKvLayer empty;
   EXPECT_THROW(append_kv(empty, KvAppend{}, nullptr), Error);
   EXPECT_THROW(evict_flagged(empty, nullptr, 16, nullptr, nullptr), Error);
-  EvictionSelection too_many;
-  too_many.num_groups = 65;
-  EXPECT_THROW(select_evictions(empty, too_many, nullptr, nullptr), Error);
+  DecodeEvictions too_many;
+  too_many.count = 1;
+  too_many.max_evictions = kMaxDecodeEvictions + 1;
+  EXPECT_THROW(select_decode_evictions(nullptr, nullptr, 16, too_many, nullptr), Error);
+  DecodeEvictions unset;
+  unset.count = 1;
+  unset.max_evictions = 1;
+  EXPECT_THROW(select_decode_evictions(nullptr, nullptr, 16, unset, nullptr), Error);
 }
 
 }  // namespace
