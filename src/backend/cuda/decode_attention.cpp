@@ -44,12 +44,26 @@ DecodeSchedule schedule_with_quota(std::span<const int32_t> lengths, int64_t quo
   schedule.segment_token_offsets = {0};
   std::vector<int32_t>& pieces = schedule.pieces;
   int64_t filled = 0;
+  bool cta_has_piece = false;
   for (int s = 0; s < static_cast<int>(lengths.size()); ++s) {
-    if (lengths[s] == 0) pieces.insert(pieces.end(), {s, 0, 0, 0});
+    if (lengths[s] == 0) {
+      // An empty segment's piece reads nothing, but it still waits for the piece before it in
+      // the CTA: charged like any piece's end, so that many empty segments (a server's idle
+      // sequences) spread over the grid instead of queueing in one CTA.
+      const int64_t cost = cta_has_piece ? DecodeSchedule::kPieceEndTiles : 0;
+      if (filled + cost > quota) {
+        schedule.cta_piece_offsets.push_back(schedule.num_pieces());
+        filled = 0;
+      } else {
+        filled += cost;
+      }
+      pieces.insert(pieces.end(), {s, 0, 0, 0});
+      cta_has_piece = true;
+    }
     int64_t start = 0;
     while (start < lengths[s]) {
       // A full CTA is closed only when slots remain, so empty segments after it join it.
-      int64_t cost = filled > 0 ? DecodeSchedule::kPieceEndTiles : 0;
+      int64_t cost = cta_has_piece ? DecodeSchedule::kPieceEndTiles : 0;
       if (filled + cost >= quota) {
         schedule.cta_piece_offsets.push_back(schedule.num_pieces());
         filled = 0;
@@ -60,6 +74,7 @@ DecodeSchedule schedule_with_quota(std::span<const int32_t> lengths, int64_t quo
       pieces.insert(pieces.end(), {s, static_cast<int32_t>(start), static_cast<int32_t>(end), 0});
       start = end;
       filled += cost + take;
+      cta_has_piece = true;
     }
     schedule.segment_piece_offsets.push_back(schedule.num_pieces());
     schedule.segment_token_offsets.push_back(schedule.segment_token_offsets.back() + lengths[s]);

@@ -32,7 +32,8 @@ struct DecodeAttentionShape {
 // How a layer's slots are cut into pieces for a persistent grid of at most grid_ctas CTAs: CTAs
 // are filled in order with 64-slot tiles up to the same cost, cut across segments; a segment's
 // pieces are consecutive and tile-aligned within it, and an empty segment has one piece of no
-// slots (so that its output is written too). Host-only, so that it is testable without a GPU.
+// slots (so that its output is written too), whose end is charged as any piece's. Host-only, so
+// that it is testable without a GPU.
 struct DecodeSchedule {
   // What a piece that follows another in the same CTA costs on top of its tiles. Its start waits
   // for the end of the piece before it (partial, count, next query), which under full load took

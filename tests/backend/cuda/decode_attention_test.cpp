@@ -301,7 +301,7 @@ void check_schedule(const std::vector<int32_t>& lengths, int64_t grid_ctas) {
     for (int i = schedule.cta_piece_offsets[c]; i < schedule.cta_piece_offsets[c + 1]; ++i) {
       const int64_t piece_tiles = tiles(schedule.pieces[static_cast<size_t>(i) * 4 + 2] -
                                         schedule.pieces[static_cast<size_t>(i) * 4 + 1]);
-      if (piece_tiles > 0 && cost > 0) cost += DecodeSchedule::kPieceEndTiles;
+      if (i > schedule.cta_piece_offsets[c]) cost += DecodeSchedule::kPieceEndTiles;
       cost += piece_tiles;
     }
     EXPECT_LE(cost, quota) << "CTA " << c;
@@ -315,6 +315,11 @@ TEST(DecodeAttentionPlanTest, ScheduleCoversEverySlotWithinTheQuota) {
   std::mt19937 rng(5);
   check_schedule({4096, 4096, 4096, 4096}, 264);
   check_schedule({0, 0, 0}, 264);
+  // A server's idle sequences: many empty segments beside a few long ones spread over the grid.
+  std::vector<int32_t> idle(296, 0);
+  idle[280] = idle[290] = 4160;
+  check_schedule(idle, 528);
+  EXPECT_GT(make_decode_schedule(idle, 528).num_ctas(), 40);
   check_schedule({1, 63, 64, 65, 0, 127, 128, 129}, 3);
   check_schedule({131072}, 264);
   for (const int max_length : {5, 200, 5000, 70000}) {
