@@ -9,7 +9,7 @@
 # BIN: a directory holding `ekva` and the shared libraries it needs (a build's src/cli, or the
 # device pack build/device-cli made by scripts/device-pack.sh, unpacked here on first use). OUT:
 # where everything goes. PROMPT_TOKENS (32704: with MAX_TOKENS, Mixtral's 32768-token context) and
-# KV_MEMORY_BYTES (40 GiB) make a shorter smoke run possible. Environment (defaults in brackets):
+# KV_MEMORY_BYTES (20 GiB) make a shorter smoke run possible. Environment (defaults in brackets):
 #   MAX_TOKENS [64]  BUDGETS ["1 0.2 0.5 0.1"]  POLICY [streaming]  PREFILL_CHUNK [4096]
 #   MODEL [tests/fixtures/configs/mixtral-8x7b/config.json]  SEED [1] (empty: MODEL's checkpoint)
 #   DEVICE [cuda]  KV_DTYPE [bf16]  HW [h200]  PORT [8321]  MAX_SEQUENCES (cap; default: enough)
@@ -30,7 +30,7 @@ cd "$(dirname "$0")/../.." || exit 1
 BIN=$1
 OUT=$2
 PROMPT=${3:-32704}
-KV_MEMORY=${4:-42949672960}
+KV_MEMORY=${4:-21474836480}
 MAX_TOKENS=${MAX_TOKENS:-64}
 BUDGETS=${BUDGETS:-"1 0.2 0.5 0.1"}
 POLICY=${POLICY:-streaming}
