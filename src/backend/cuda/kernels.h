@@ -107,11 +107,5 @@ struct DecodeEvictLaunch {
   int page_size;
 };
 void launch_select_decode_evictions(const DecodeEvictLaunch& launch, cudaStream_t stream);
-void launch_add_scores(TokenMeta* meta, const float* delta, int64_t rows, cudaStream_t stream);
-void launch_gather_scores(const TokenMeta* meta, const int32_t* rows, int64_t n, float* out,
-                          cudaStream_t stream);
-void launch_scatter_scores(TokenMeta* meta, const int32_t* rows, const float* scores, int64_t n,
-                           cudaStream_t stream);
-void launch_flag_rows(uint8_t* flags, const int32_t* rows, int64_t n, cudaStream_t stream);
 
 }  // namespace ekva::cuda

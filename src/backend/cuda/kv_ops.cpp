@@ -109,22 +109,4 @@ void select_decode_evictions(const TokenMeta* meta, const int32_t* page_ids, int
                                  stream);
 }
 
-void add_scores(TokenMeta* meta, const float* delta, int64_t rows, cudaStream_t stream) {
-  if (rows > 0) launch_add_scores(meta, delta, rows, stream);
-}
-
-void gather_scores(const TokenMeta* meta, const int32_t* rows, int64_t n, float* out,
-                   cudaStream_t stream) {
-  if (n > 0) launch_gather_scores(meta, rows, n, out, stream);
-}
-
-void scatter_scores(TokenMeta* meta, const int32_t* rows, const float* scores, int64_t n,
-                    cudaStream_t stream) {
-  if (n > 0) launch_scatter_scores(meta, rows, scores, n, stream);
-}
-
-void flag_rows(uint8_t* flags, const int32_t* rows, int64_t n, cudaStream_t stream) {
-  if (n > 0) launch_flag_rows(flags, rows, n, stream);
-}
-
 }  // namespace ekva::cuda

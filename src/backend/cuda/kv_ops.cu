@@ -8,6 +8,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_common.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/kv_ops.h"
 
 namespace ekva::cuda {
 namespace {
@@ -421,24 +422,28 @@ void launch_select_decode_evictions(const DecodeEvictLaunch& launch, cudaStream_
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 
-void launch_add_scores(TokenMeta* meta, const float* delta, int64_t rows, cudaStream_t stream) {
+void add_scores(TokenMeta* meta, const float* delta, int64_t rows, cudaStream_t stream) {
+  if (rows <= 0) return;
   add_scores_kernel<<<grid_for(rows, 256), 256, 0, stream>>>(meta, delta, rows);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 
-void launch_gather_scores(const TokenMeta* meta, const int32_t* rows, int64_t n, float* out,
-                          cudaStream_t stream) {
+void gather_scores(const TokenMeta* meta, const int32_t* rows, int64_t n, float* out,
+                   cudaStream_t stream) {
+  if (n <= 0) return;
   gather_scores_kernel<<<grid_for(n, 256), 256, 0, stream>>>(meta, rows, n, out);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 
-void launch_scatter_scores(TokenMeta* meta, const int32_t* rows, const float* scores, int64_t n,
-                           cudaStream_t stream) {
+void scatter_scores(TokenMeta* meta, const int32_t* rows, const float* scores, int64_t n,
+                    cudaStream_t stream) {
+  if (n <= 0) return;
   scatter_scores_kernel<<<grid_for(n, 256), 256, 0, stream>>>(meta, rows, scores, n);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 
-void launch_flag_rows(uint8_t* flags, const int32_t* rows, int64_t n, cudaStream_t stream) {
+void flag_rows(uint8_t* flags, const int32_t* rows, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
   flag_rows_kernel<<<grid_for(n, 256), 256, 0, stream>>>(flags, rows, n);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }

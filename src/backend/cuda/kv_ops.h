@@ -58,7 +58,8 @@ void select_decode_evictions(const TokenMeta* meta, const int32_t* page_ids, int
                              const DecodeEvictions& evictions, cudaStream_t stream);
 
 // The retention scores of the pool-parallel metadata: meta[r].score += delta[r] for r < rows, as
-// the CPU backend adds a step's scores; a copy of some rows' scores out, and in.
+// the CPU backend adds a step's scores; a copy of some rows' scores out, and in. (Defined beside
+// their kernels in kv_ops.cu: they take no shape to check.)
 void add_scores(TokenMeta* meta, const float* delta, int64_t rows, cudaStream_t stream);
 void gather_scores(const TokenMeta* meta, const int32_t* rows, int64_t n, float* out,
                    cudaStream_t stream);
