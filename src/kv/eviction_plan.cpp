@@ -23,11 +23,18 @@ std::vector<uint8_t> select_evictions(const HeadTable& t, const SegmentEviction&
     }
   }
   if (remaining <= 0) return evict;
-  std::sort(candidates.begin(), candidates.end(), [&](int a, int b) {
+  const auto better = [&](int a, int b) {
     return t.meta[a].score > t.meta[b].score ||
            (t.meta[a].score == t.meta[b].score && t.meta[a].position < t.meta[b].position);
-  });
-  if (!s.quota.empty()) {
+  };
+  if (s.quota.empty()) {
+    // Positions are distinct, so the best `remaining` form one set whatever their order: a
+    // selection, not a sort.
+    if (remaining < static_cast<int>(candidates.size()))
+      std::nth_element(candidates.begin(), candidates.begin() + remaining, candidates.end(),
+                       better);
+  } else {
+    std::sort(candidates.begin(), candidates.end(), better);
     if (static_cast<int>(s.slot_group.size()) != n) {
       fail(ErrorKind::kInvalidArgument, "eviction plan: {} group labels for {} slots",
            s.slot_group.size(), n);
@@ -80,8 +87,12 @@ void pool_scores(HeadTable& table, int kernel) {
   if (kernel <= 1 || n == 0) return;
   std::vector<int> order(n);
   std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(),
-            [&](int a, int b) { return table.meta[a].position < table.meta[b].position; });
+  const auto earlier = [&](int a, int b) {
+    return table.meta[a].position < table.meta[b].position;
+  };
+  // Right after a prefill the slots are already in position order.
+  if (!std::is_sorted(order.begin(), order.end(), earlier))
+    std::sort(order.begin(), order.end(), earlier);
   std::vector<float> pooled(n);
   const int half = kernel / 2;
   for (int i = 0; i < n; ++i) {

@@ -192,13 +192,16 @@ void KvPolicy::plan_budgets(const KvLayout& layout, int seq, int prompt_len) {
         pool_scores(pooled, options_.pool_kernel);
         std::vector<float> s;
         for (const TokenMeta& m : pooled.meta) s.push_back(m.score);
-        std::sort(s.begin(), s.end(), std::greater<>());
+        // Only which scores pass the floor and which candidates come first matter, not their
+        // order: selections rather than sorts (the same sets, equal values being alike).
+        if (static_cast<size_t>(floor) < s.size())
+          std::nth_element(s.begin(), s.begin() + floor, s.end(), std::greater<>());
         for (size_t i = floor; i < s.size(); ++i) candidates.emplace_back(s[i], h);
       }
       const int extra = static_cast<int>(std::min<int64_t>(
           layer_total - static_cast<int64_t>(floor) * H, static_cast<int64_t>(candidates.size())));
-      std::partial_sort(candidates.begin(), candidates.begin() + extra, candidates.end(),
-                        std::greater<>());
+      std::nth_element(candidates.begin(), candidates.begin() + extra, candidates.end(),
+                       std::greater<>());
       for (int h = 0; h < H; ++h) head[static_cast<size_t>(l) * H + h] = std::max(1, floor);
       for (int i = 0; i < extra; ++i) ++head[static_cast<size_t>(l) * H + candidates[i].second];
     }
