@@ -2,7 +2,7 @@
 """Tables of `ekva` against Ada-KV per reserve cap, from the dev-seed results under docs/results.
 
 Reads every results.json of the cap sweep (docs/results/capCAP-dev-2048-MODEL-MODE/*/) and of the
-cap-0.25 runs made before it (the default then; the directories are listed below), pairs `ekva` with
+cap-0.25 runs made before it (the default; the directories are listed below), pairs `ekva` with
 `adakv` sample by sample and prints one markdown table per model: rows mode x task x budget, columns
 Ada-KV and `ekva` at each cap, each `ekva` cell with its discordant counts (ekva better : Ada-KV
 better) and the exact two-sided binomial p (McNemar on answers, the sign test on per-window
@@ -21,7 +21,7 @@ import os
 import re
 import sys
 
-# The runs at the default cap 0.25 (binary 61961f7, same seed, context, samples and filler).
+# The runs at the default cap 0.25 (same seed, context and samples; prose filler for the needle tasks).
 LEGACY = {
     "prose-dev-2048-aware": 0.25,
     "prose-dev-2048-agnostic": 0.25,
