@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kv/budget_plan.h"
+#include "support/repo_paths.h"
 #include "support/run_ekva.h"
 
 namespace ekva {
@@ -16,25 +17,22 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const std::string kRoot = fs::path(EKVA_FIXTURES).parent_path().parent_path().string();
-const std::string kModel = kRoot + "/models/ekva-moe-8m";
-
 TEST(CalibrateCli, StatsToPlanToGeneration) {
   const fs::path dir = fs::temp_directory_path() / ("ekva_calib_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   const std::string stats = (dir / "stats.json").string(), plan = (dir / "plan.json").string();
   testing::CommandResult r = testing::run_ekva(
-      "calibrate --model " + kModel + " --data " + kRoot +
+      "calibrate --model " + testing::kEmbeddedModel + " --data " + testing::kRepoRoot.string() +
       "/data/calibration/heldout-calibration.txt --tokens 512 --chunk 256 --out " + stats +
       " --json");
   ASSERT_EQ(r.code, 0) << r.out;
   r = testing::run_ekva("plan --stats " + stats +
-                        " --budget 0.25 --allocator greedy --groups 4 --model " + kModel +
-                        " --out " + plan + " --json");
+                        " --budget 0.25 --allocator greedy --groups 4 --model " +
+                        testing::kEmbeddedModel + " --out " + plan + " --json");
   ASSERT_EQ(r.code, 0) << r.out;
   const auto summary = nlohmann::json::parse(r.out.substr(r.out.find('{')));
   EXPECT_GT(summary["provenance"]["predicted_retained_mass"].get<double>(), 0.0);
-  r = testing::run_ekva("generate --model " + kModel +
+  r = testing::run_ekva("generate --model " + testing::kEmbeddedModel +
                         " --prompt \"The kernel schedules tasks\" --max-new-tokens 4 "
                         "--policy ekva --kv-budget 0.5 --plan " +
                         plan + " --json");
@@ -59,7 +57,7 @@ TEST(CalibrateCli, StatsToPlanToGeneration) {
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.out.find("--reserve-cap: 1.5"), std::string::npos) << r.out;
   EXPECT_FALSE(fs::exists(dir / "bad.json"));
-  r = testing::run_ekva("generate --model " + kModel +
+  r = testing::run_ekva("generate --model " + testing::kEmbeddedModel +
                         " --ids 1,2,3 --max-new-tokens 1 --policy ekva --plan " + tuned +
                         " --reserve-cap 1.5");
   EXPECT_EQ(r.code, 1);

@@ -22,7 +22,7 @@ CommandResult ekva(const std::string& args) {
   return testing::run_ekva(args);
 }
 
-const std::string kMixtral = std::string(EKVA_FIXTURES) + "/hf-tiny/tiny-mixtral";
+const std::string kTinyMixtral = std::string(EKVA_FIXTURES) + "/hf-tiny/tiny-mixtral";
 
 class Cli : public ::testing::Test {
  protected:
@@ -30,8 +30,8 @@ class Cli : public ::testing::Test {
   fs::path truncated_model(size_t keep) {
     const fs::path d = dir_ / "model";
     fs::create_directories(d);
-    fs::copy_file(kMixtral + "/config.json", d / "config.json");
-    std::ifstream in(kMixtral + "/model.safetensors", std::ios::binary);
+    fs::copy_file(kTinyMixtral + "/config.json", d / "config.json");
+    std::ifstream in(kTinyMixtral + "/model.safetensors", std::ios::binary);
     std::string bytes(keep, '\0');
     in.read(bytes.data(), static_cast<std::streamsize>(keep));
     std::ofstream(d / "model.safetensors", std::ios::binary) << bytes;
@@ -50,7 +50,7 @@ TEST_F(Cli, HelpOnEveryCommand) {
 }
 
 TEST_F(Cli, InfoJson) {
-  const CommandResult r = ekva("info --model " + kMixtral + " --json");
+  const CommandResult r = ekva("info --model " + kTinyMixtral + " --json");
   ASSERT_EQ(r.code, 0) << r.out;
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["architecture"], "mixtral");
@@ -58,16 +58,16 @@ TEST_F(Cli, InfoJson) {
   EXPECT_EQ(j["kv_dtype"], "F32");
   EXPECT_EQ(j["kv_bytes_per_token"], 3 * 2 * 16 * 2 * 4);
   const auto bf16 =
-      nlohmann::json::parse(ekva("info --model " + kMixtral + " --kv-dtype bf16 --json").out);
+      nlohmann::json::parse(ekva("info --model " + kTinyMixtral + " --kv-dtype bf16 --json").out);
   EXPECT_EQ(bf16["kv_bytes_per_token"], 3 * 2 * 16 * 2 * 2);
   EXPECT_GT(j["parameters_total"].get<int64_t>(), j["parameters_active_per_token"].get<int64_t>());
 }
 
 TEST_F(Cli, ForwardWritesReferenceLayout) {
   const fs::path out = dir_ / "out.safetensors";
-  const std::string ref = kMixtral + "/reference.safetensors";
+  const std::string ref = kTinyMixtral + "/reference.safetensors";
   const CommandResult r =
-      ekva("forward --model " + kMixtral + " --input " + ref + " --out " + out.string());
+      ekva("forward --model " + kTinyMixtral + " --input " + ref + " --out " + out.string());
   ASSERT_EQ(r.code, 0) << r.out;
   SafetensorsFile got(out), want(ref);
   for (const char* name : {"logits", "router_logits.0", "router_logits.2"}) {
@@ -86,7 +86,7 @@ TEST_F(Cli, ForwardWritesReferenceLayout) {
 
 TEST_F(Cli, GenerateJsonStopsAtMaxTokens) {
   const CommandResult r =
-      ekva("generate --model " + kMixtral + " --ids 5,6,7 --max-new-tokens 5 --json");
+      ekva("generate --model " + kTinyMixtral + " --ids 5,6,7 --max-new-tokens 5 --json");
   ASSERT_EQ(r.code, 0) << r.out;
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_LE(j["tokens"].size(), 5u);
@@ -95,7 +95,7 @@ TEST_F(Cli, GenerateJsonStopsAtMaxTokens) {
 
 TEST_F(Cli, SeededSamplingIsReproducible) {
   const std::string args =
-      "generate --model " + kMixtral +
+      "generate --model " + kTinyMixtral +
       " --ids 5,6,7 --max-new-tokens 8 --temperature 1.0 --top-k 20 --top-p 0.9 --seed 11 --json";
   const CommandResult a = ekva(args), b = ekva(args);
   ASSERT_EQ(a.code, 0) << a.out;
@@ -111,7 +111,7 @@ TEST_F(Cli, TruncatedCheckpointFailsClearly) {
 TEST_F(Cli, MissingTensorFailsClearly) {
   const fs::path d = dir_ / "model";
   fs::create_directories(d);
-  fs::copy_file(kMixtral + "/config.json", d / "config.json");
+  fs::copy_file(kTinyMixtral + "/config.json", d / "config.json");
   const std::vector<float> one = {1.0f};
   write_safetensors(d / "model.safetensors", {{"model.norm.weight", DType::kF32, {1}, one.data()}});
   const CommandResult r = ekva("info --model " + d.string());
@@ -122,8 +122,8 @@ TEST_F(Cli, MissingTensorFailsClearly) {
 TEST_F(Cli, MisShapedTensorFailsClearly) {
   const fs::path d = dir_ / "model";
   fs::create_directories(d);
-  fs::copy_file(kMixtral + "/config.json", d / "config.json");
-  SafetensorsFile src(kMixtral + "/model.safetensors");
+  fs::copy_file(kTinyMixtral + "/config.json", d / "config.json");
+  SafetensorsFile src(kTinyMixtral + "/model.safetensors");
   std::vector<TensorToWrite> tensors;
   for (const auto& [name, t] : src.tensors()) {
     std::vector<int64_t> shape = t.shape;
@@ -139,7 +139,7 @@ TEST_F(Cli, MisShapedTensorFailsClearly) {
 TEST_F(Cli, UnsupportedArchitectureFailsClearly) {
   const fs::path d = dir_ / "model";
   fs::create_directories(d);
-  std::ifstream in(kMixtral + "/config.json");
+  std::ifstream in(kTinyMixtral + "/config.json");
   auto j = nlohmann::json::parse(in);
   j["model_type"] = "deepseek_v3";
   std::ofstream(d / "config.json") << j.dump();
@@ -152,18 +152,18 @@ TEST_F(Cli, TokenOutOfRangeFailsWithoutPartialOutput) {
   const std::vector<int64_t> ids = {1, 2, 999};
   write_safetensors(dir_ / "in.safetensors", {{"input_ids", DType::kI64, {1, 3}, ids.data()}});
   const fs::path out = dir_ / "out.safetensors";
-  const CommandResult r = ekva("forward --model " + kMixtral + " --input " +
+  const CommandResult r = ekva("forward --model " + kTinyMixtral + " --input " +
                                (dir_ / "in.safetensors").string() + " --out " + out.string());
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.out.find("999"), std::string::npos) << r.out;
   EXPECT_FALSE(fs::exists(out));
-  EXPECT_EQ(ekva("generate --model " + kMixtral + " --ids 1,211").code, 1);
+  EXPECT_EQ(ekva("generate --model " + kTinyMixtral + " --ids 1,211").code, 1);
 }
 
 TEST_F(Cli, PromptLongerThanContextFails) {
   std::string ids = "1";
   for (int i = 1; i < 513; ++i) ids += ",1";  // tiny-mixtral's context is 512
-  const CommandResult r = ekva("generate --model " + kMixtral + " --ids " + ids);
+  const CommandResult r = ekva("generate --model " + kTinyMixtral + " --ids " + ids);
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.out.find("context"), std::string::npos) << r.out;
 }
@@ -172,7 +172,7 @@ TEST_F(Cli, WrongInputDtypeFails) {
   const std::vector<float> ids = {1.0f, 2.0f};
   write_safetensors(dir_ / "in.safetensors", {{"input_ids", DType::kF32, {1, 2}, ids.data()}});
   const CommandResult r =
-      ekva("forward --model " + kMixtral + " --input " + (dir_ / "in.safetensors").string() +
+      ekva("forward --model " + kTinyMixtral + " --input " + (dir_ / "in.safetensors").string() +
            " --out " + (dir_ / "o.safetensors").string());
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.out.find("int64"), std::string::npos) << r.out;

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "support/repo_paths.h"
 #include "support/run_ekva.h"
 #include "support/temp_dir.h"
 
@@ -15,9 +16,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const fs::path kRoot = fs::path(EKVA_FIXTURES).parent_path().parent_path();
-const std::string kModel = (kRoot / "models/ekva-moe-8m").string();
-const std::string kData = (kRoot / "data/calibration/heldout-calibration.txt").string();
+const std::string kHeldoutText =
+    (testing::kRepoRoot / "data/calibration/heldout-calibration.txt").string();
 
 class HardeningCli : public ::testing::Test {
  protected:
@@ -63,10 +63,10 @@ TEST_F(HardeningCli, OutputLocationsAreCheckedBeforeTheWork) {
   expect_failure("eval --model " + (dir_ / "absent").string() + " --out " + file + "/sub",
                  "is not a directory");
   expect_failure(
-      "calibrate --model " + (dir_ / "absent").string() + " --data " + kData + " --out " +
+      "calibrate --model " + (dir_ / "absent").string() + " --data " + kHeldoutText + " --out " +
           (dir_ / "missing/stats.json").string(),
       "stats.json: cannot write: " + (dir_ / "missing").string() + " is not a directory");
-  expect_failure("calibrate --model " + (dir_ / "absent").string() + " --data " + kData +
+  expect_failure("calibrate --model " + (dir_ / "absent").string() + " --data " + kHeldoutText +
                      " --out " + dir_.string(),
                  "cannot write: it is a directory");
   EXPECT_FALSE(fs::exists(dir_ / "missing"));
@@ -74,11 +74,12 @@ TEST_F(HardeningCli, OutputLocationsAreCheckedBeforeTheWork) {
 
 TEST_F(HardeningCli, CalibrateNamesWhatIsWrongWithItsData) {
   const std::string out = (dir_ / "stats.json").string();
+  expect_failure("calibrate --model " + testing::kEmbeddedModel + " --data " + kHeldoutText +
+                     " --tokens 100 --chunk 256 --out " + out,
+                 "--tokens 100 is fewer than one --chunk of 256");
   expect_failure(
-      "calibrate --model " + kModel + " --data " + kData + " --tokens 100 --chunk 256 --out " + out,
-      "--tokens 100 is fewer than one --chunk of 256");
-  expect_failure("calibrate --model " + kModel + " --data " + dir_.string() + " --out " + out,
-                 dir_.string() + ": is a directory, not a file");
+      "calibrate --model " + testing::kEmbeddedModel + " --data " + dir_.string() + " --out " + out,
+      dir_.string() + ": is a directory, not a file");
   EXPECT_FALSE(fs::exists(out));
 }
 
@@ -87,7 +88,8 @@ TEST_F(HardeningCli, DeeplyNestedJsonInEveryFileOption) {
   const std::string nested_rope =
       write("config.json", R"({"model_type": "mixtral", "rope_parameters": {"x": )" +
                                std::string(300000, '[') + std::string(300000, ']') + "}}");
-  const std::string config = (kRoot / "tests/fixtures/configs/mixtral-8x7b/config.json").string();
+  const std::string config =
+      (testing::kRepoRoot / "tests/fixtures/configs/mixtral-8x7b/config.json").string();
   const std::string roofline = "roofline --model " + config + " --batch 1 --context 128 ";
   expect_failure("roofline --model " + nested_rope + " --hw h200 --batch 1 --context 128",
                  "config.json: JSON nested deeper than 64 levels");
@@ -100,8 +102,8 @@ TEST_F(HardeningCli, DeeplyNestedJsonInEveryFileOption) {
 }
 
 TEST_F(HardeningCli, CalibrationStatisticsOutOfRangeAreRefused) {
-  const nlohmann::json stats =
-      nlohmann::json::parse(std::ifstream(kRoot / "fuzz/corpus/calibration_stats/stats.json"));
+  const nlohmann::json stats = nlohmann::json::parse(
+      std::ifstream(testing::kRepoRoot / "fuzz/corpus/calibration_stats/stats.json"));
   const std::string plan = " --budget 0.2 --out " + (dir_ / "plan.json").string();
   EXPECT_EQ(testing::run_ekva("plan --stats " + write("ok.json", stats.dump()) + plan).code, 0);
   nlohmann::json bad = stats;
@@ -120,7 +122,8 @@ TEST_F(HardeningCli, CalibrationStatisticsOutOfRangeAreRefused) {
 }
 
 TEST_F(HardeningCli, OversizedOrNonFiniteValuesAreRefused) {
-  const std::string config = (kRoot / "tests/fixtures/configs/mixtral-8x7b/config.json").string();
+  const std::string config =
+      (testing::kRepoRoot / "tests/fixtures/configs/mixtral-8x7b/config.json").string();
   const std::string roofline = "roofline --model " + config + " --hw h200 --batch 1 --context 128";
   expect_failure(roofline + " --workspace-gib nan", "memory options must be finite");
   expect_failure(roofline + " --workspace-gib inf", "memory options must be finite");
@@ -138,15 +141,15 @@ TEST_F(HardeningCli, OversizedOrNonFiniteValuesAreRefused) {
         "unit": "fraction", "sink_tokens": 0, "recent_tokens": 0, "budgets": []})");
   expect_failure(roofline + " --plan " + plan,
                  "plan.json: field 'num_layers' must be an integer in [0, 1024]");
-  nlohmann::json groups =
-      nlohmann::json::parse(std::ifstream(kRoot / "fuzz/corpus/budget_plan/small.json"));
+  nlohmann::json groups = nlohmann::json::parse(
+      std::ifstream(testing::kRepoRoot / "fuzz/corpus/budget_plan/small.json"));
   groups["expert_groups"][0][1] = 4294967297;  // read as 1 when narrowed to 32 bits
-  expect_failure("roofline --model " + (kRoot / "tests/fixtures/hf-tiny/tiny-mixtral").string() +
-                     " --hw h200 --batch 1 --context 128 --plan " +
-                     write("groups.json", groups.dump()),
-                 "groups.json: expert_groups[0][1] names group 4294967297, not one in [0, 2)");
-  expect_failure("tasks --task passkey --context 16777216 --tokenizer " + kModel + " --out " +
-                     (dir_ / "t.jsonl").string(),
+  expect_failure(
+      "roofline --model " + (testing::kRepoRoot / "tests/fixtures/hf-tiny/tiny-mixtral").string() +
+          " --hw h200 --batch 1 --context 128 --plan " + write("groups.json", groups.dump()),
+      "groups.json: expert_groups[0][1] names group 4294967297, not one in [0, 2)");
+  expect_failure("tasks --task passkey --context 16777216 --tokenizer " + testing::kEmbeddedModel +
+                     " --out " + (dir_ / "t.jsonl").string(),
                  "--context");
 }
 

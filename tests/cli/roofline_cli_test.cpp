@@ -17,7 +17,7 @@
 namespace ekva {
 namespace {
 
-const std::string kMixtral = std::string(EKVA_FIXTURES) + "/configs/mixtral-8x7b";
+const std::string kMixtralShape = std::string(EKVA_FIXTURES) + "/configs/mixtral-8x7b";
 
 class RooflineCli : public ::testing::Test {
  protected:
@@ -26,8 +26,9 @@ class RooflineCli : public ::testing::Test {
 };
 
 TEST_F(RooflineCli, JsonHasTheDocumentedFields) {
-  const testing::CommandResult r = testing::run_ekva(
-      "roofline --model " + kMixtral + "/config.json --hw h200 --batch 16 --context 4096 --json");
+  const testing::CommandResult r =
+      testing::run_ekva("roofline --model " + kMixtralShape +
+                        "/config.json --hw h200 --batch 16 --context 4096 --json");
   ASSERT_EQ(r.code, 0) << r.out;
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["kv_bytes_per_token"].get<double>(), 131072);
@@ -45,10 +46,11 @@ TEST_F(RooflineCli, JsonHasTheDocumentedFields) {
 }
 
 TEST_F(RooflineCli, PlanPrefillSvgAndMeasured) {
-  const ModelSpec spec = load_model_config(kMixtral);
+  const ModelSpec spec = load_model_config(kMixtralShape);
   const auto plan = dir_ / "plan.json";
   BudgetPlan::uniform(spec, 8, BudgetPlan::Unit::kFraction, 0.25).save(plan);
-  const std::string base = "roofline --model " + kMixtral + " --hw h200 --batch 4 --context 4000";
+  const std::string base =
+      "roofline --model " + kMixtralShape + " --hw h200 --batch 4 --context 4000";
   const auto full = nlohmann::json::parse(testing::run_ekva(base + " --json").out);
   const testing::CommandResult r = testing::run_ekva(base + " --json --plan " + plan.string());
   ASSERT_EQ(r.code, 0) << r.out;
@@ -77,7 +79,7 @@ TEST_F(RooflineCli, PlanPrefillSvgAndMeasured) {
 
 TEST_F(RooflineCli, SearchReportsTheBudgetAndBatch) {
   const testing::CommandResult r =
-      testing::run_ekva("roofline search --model " + kMixtral +
+      testing::run_ekva("roofline search --model " + kMixtralShape +
                         " --hw h200 --context 32768 --memory-cap-gib 141 --json");
   ASSERT_EQ(r.code, 0) << r.out;
   const auto j = nlohmann::json::parse(r.out);
@@ -87,7 +89,7 @@ TEST_F(RooflineCli, SearchReportsTheBudgetAndBatch) {
 }
 
 TEST_F(RooflineCli, ServePredictsSequencesAndThroughputPerBudget) {
-  const std::string base = "roofline serve --model " + kMixtral +
+  const std::string base = "roofline serve --model " + kMixtralShape +
                            " --hw h200 --kv-memory 42949672960 --prompt-tokens 32704 "
                            "--max-tokens 64";
   const testing::CommandResult r = testing::run_ekva(base + " --json");
@@ -111,32 +113,33 @@ TEST_F(RooflineCli, ServePredictsSequencesAndThroughputPerBudget) {
   EXPECT_NE(text.out.find("0.25"), std::string::npos) << text.out;
 
   const testing::CommandResult too_long =
-      testing::run_ekva("roofline serve --model " + kMixtral +
+      testing::run_ekva("roofline serve --model " + kMixtralShape +
                         " --hw h200 --kv-memory 1e10 --prompt-tokens 32768 --max-tokens 64");
   EXPECT_EQ(too_long.code, 1);
   EXPECT_NE(too_long.out.find("context of 32768"), std::string::npos) << too_long.out;
-  const testing::CommandResult no_memory =
-      testing::run_ekva("roofline serve --model " + kMixtral + " --hw h200 --prompt-tokens 100");
+  const testing::CommandResult no_memory = testing::run_ekva(
+      "roofline serve --model " + kMixtralShape + " --hw h200 --prompt-tokens 100");
   EXPECT_EQ(no_memory.code, 1);
   EXPECT_NE(no_memory.out.find("--kv-memory"), std::string::npos) << no_memory.out;
 }
 
 TEST_F(RooflineCli, BadInputsFailWithAMessage) {
   testing::CommandResult r =
-      testing::run_ekva("roofline --model " + kMixtral + " --hw no-such-gpu --context 10");
+      testing::run_ekva("roofline --model " + kMixtralShape + " --hw no-such-gpu --context 10");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.out.find("hardware 'no-such-gpu'"), std::string::npos) << r.out;
   const auto bad = dir_ / "bad.json";
   std::ofstream(bad) << R"({"name": "x", "kind": "gpu", "memory_gib": 0,
                            "memory_bandwidth_gbps": 1, "peak_tflops": {"fp32": 1}})";
-  r = testing::run_ekva("roofline --model " + kMixtral + " --hw-file " + bad.string() +
+  r = testing::run_ekva("roofline --model " + kMixtralShape + " --hw-file " + bad.string() +
                         " --context 10");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.out.find("'memory_gib' must be a positive number"), std::string::npos) << r.out;
-  r = testing::run_ekva("roofline --model " + kMixtral + " --hw h200 --context 10 --kv-dtype fp6");
+  r = testing::run_ekva("roofline --model " + kMixtralShape +
+                        " --hw h200 --context 10 --kv-dtype fp6");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.out.find("--kv-dtype"), std::string::npos) << r.out;
-  r = testing::run_ekva("roofline search --model " + kMixtral + " --hw h200 --context 100");
+  r = testing::run_ekva("roofline search --model " + kMixtralShape + " --hw h200 --context 100");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.out.find("exactly one target"), std::string::npos) << r.out;
 }

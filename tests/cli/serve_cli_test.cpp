@@ -6,12 +6,11 @@
 #include <cstdio>
 #include <string>
 
+#include "support/repo_paths.h"
 #include "support/temp_dir.h"
 
 namespace ekva {
 namespace {
-
-const std::string kModelDir = std::string(EKVA_FIXTURES) + "/../../models/ekva-moe-8m";
 
 // Runs a shell script and returns its stdout and stderr together.
 std::string shell(const std::string& script) {
@@ -31,7 +30,7 @@ TEST_P(ServeCli, StopsCleanlyOnTheSignal) {
   const std::string ekva = EKVA_BINARY;
   // The server picks a free port and names it on its first line; loadgen then runs against it.
   const std::string out = shell(
-      ekva + " serve --model " + kModelDir + " --port 0 --max-sequences 2 2> " + log +
+      ekva + " serve --model " + testing::kEmbeddedModel + " --port 0 --max-sequences 2 2> " + log +
       " & pid=$!; for i in $(seq 300); do grep -q 'on http' " + log +
       " && break; sleep 0.1; done; url=$(grep -o 'http://[0-9.:]*' " + log + "); " + ekva +
       " loadgen --url $url --requests 4 --concurrency 2 --prompt-tokens 16 --max-tokens 4 --json;" +

@@ -5,21 +5,22 @@
 
 #include "engine/generate.h"
 #include "support/reference_forward.h"
+#include "support/repo_paths.h"
 
 namespace ekva {
 namespace {
 
-const std::string kModelDir = std::string(EKVA_FIXTURES) + "/../../models/ekva-moe-8m";
 const std::string kReference = std::string(EKVA_FIXTURES) + "/ekva-moe-8m/reference.safetensors";
 
 TEST(DefaultModel, LogitsAndRouterLogitsMatchTransformers) {
   // 7e-5 of the largest logit (about 27) is the 2e-3 absolute bound this test had before.
   // float32 summation order alone moves logits ~1e-5.
-  testing::expect_forward_matches(*Model::load(kModelDir), SafetensorsFile(kReference), 7e-5);
+  testing::expect_forward_matches(*Model::load(testing::kEmbeddedModel),
+                                  SafetensorsFile(kReference), 7e-5);
 }
 
 TEST(DefaultModel, GreedyGenerationMatchesTransformers) {
-  const auto model = Model::load(kModelDir);
+  const auto model = Model::load(testing::kEmbeddedModel);
   SafetensorsFile ref(kReference);
   const std::vector<int32_t> want = testing::token_ids(ref.get("greedy_output"));
   Engine engine(*model);

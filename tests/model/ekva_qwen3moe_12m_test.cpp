@@ -10,12 +10,12 @@
 namespace ekva {
 namespace {
 
-const std::string kModelDir = std::string(EKVA_FIXTURES) + "/../../models/ekva-qwen3moe-12m";
-const std::string kReference =
+const std::string kQwen3Model = std::string(EKVA_FIXTURES) + "/../../models/ekva-qwen3moe-12m";
+const std::string kQwen3Reference =
     std::string(EKVA_FIXTURES) + "/ekva-qwen3moe-12m/reference.safetensors";
 
 TEST(Qwen3MoeModel, SpecIsFineGrained) {
-  const auto model = Model::load(kModelDir);
+  const auto model = Model::load(kQwen3Model);
   const ModelSpec& s = model->spec();
   EXPECT_EQ(s.arch, Architecture::kQwen3Moe);
   EXPECT_EQ(s.num_experts, 32);
@@ -26,12 +26,13 @@ TEST(Qwen3MoeModel, SpecIsFineGrained) {
 }
 
 TEST(Qwen3MoeModel, LogitsAndRouterLogitsMatchTransformers) {
-  testing::expect_forward_matches(*Model::load(kModelDir), SafetensorsFile(kReference), 7e-5);
+  testing::expect_forward_matches(*Model::load(kQwen3Model), SafetensorsFile(kQwen3Reference),
+                                  7e-5);
 }
 
 TEST(Qwen3MoeModel, GreedyGenerationMatchesTransformers) {
-  const auto model = Model::load(kModelDir);
-  SafetensorsFile ref(kReference);
+  const auto model = Model::load(kQwen3Model);
+  SafetensorsFile ref(kQwen3Reference);
   const std::vector<int32_t> want = testing::token_ids(ref.get("greedy_output"));
   Engine engine(*model);
   GenerateOptions options;

@@ -9,24 +9,16 @@
 #include "budget/calibration.h"
 #include "core/error.h"
 #include "io/model_config.h"
+#include "support/roofline_workloads.h"
 
 namespace ekva {
 namespace {
 
-const std::string kConfigs = std::string(EKVA_FIXTURES) + "/configs/";
+using testing::decode;
+using testing::mixtral;
 
-ModelSpec mixtral() {
-  return load_model_config(kConfigs + "mixtral-8x7b/config.json");
-}
 ModelSpec qwen3() {
-  return load_model_config(kConfigs + "qwen3-30b-a3b");
-}
-
-Workload decode(int64_t batch, int64_t context) {
-  Workload w;
-  w.batch = batch;
-  w.context = context;
-  return w;
+  return load_model_config(testing::config_json("qwen3-30b-a3b"));
 }
 
 double sum_over(const StepCost& step, OperatorKind kind, double (*field)(const OperatorCost&)) {

@@ -6,22 +6,14 @@
 #include "io/model_config.h"
 #include "roofline/memory_model.h"
 #include "roofline/search.h"
+#include "support/roofline_workloads.h"
 
 namespace ekva {
 namespace {
 
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
-ModelSpec mixtral() {
-  return load_model_config(std::string(EKVA_FIXTURES) + "/configs/mixtral-8x7b/config.json");
-}
-
-Workload decode(int64_t batch, int64_t context) {
-  Workload w;
-  w.batch = batch;
-  w.context = context;
-  return w;
-}
+using testing::decode;
+using testing::kGiB;
+using testing::mixtral;
 
 TEST(MemoryModel, WeightsAndKvByHand) {
   const ModelSpec s = mixtral();

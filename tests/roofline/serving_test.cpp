@@ -7,15 +7,13 @@
 
 #include "core/error.h"
 #include "io/model_config.h"
+#include "support/roofline_workloads.h"
 
 namespace ekva {
 namespace {
 
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
-ModelSpec mixtral() {
-  return load_model_config(std::string(EKVA_FIXTURES) + "/configs/mixtral-8x7b/config.json");
-}
+using testing::kGiB;
+using testing::mixtral;
 
 ServingConfig config(double budget) {
   ServingConfig c;

@@ -11,11 +11,10 @@
 #include "core/error.h"
 #include "roofline/serving.h"
 #include "support/pages_off_host.h"
+#include "support/repo_paths.h"
 
 namespace ekva::serve {
 namespace {
-
-const std::string kModelDir = std::string(EKVA_FIXTURES) + "/../../models/ekva-moe-8m";
 
 // For the whole test binary (the server's worker inherits it): the embedded model's steps are too
 // small to share, and when ctest runs binaries side by side a team of spinning threads waits at
@@ -80,7 +79,7 @@ class SameTokensAsGenerate : public ::testing::TestWithParam<Case> {};
 // Requests of different lengths, seeds, temperatures and (per request) policies run side by side,
 // joining and leaving the batch at different steps; each gives what generate gives alone.
 TEST_P(SameTokensAsGenerate, ForEveryRequestOfABatch) {
-  const auto model = Model::load(kModelDir);
+  const auto model = Model::load(testing::kEmbeddedModel);
   SchedulerOptions o;
   o.max_sequences = 3;
   o.prefill_chunk = GetParam().prefill_chunk;
@@ -128,7 +127,7 @@ INSTANTIATE_TEST_SUITE_P(Policies, SameTokensAsGenerate,
 // decode batch is what the KV memory holds, the count the Roofline's serving prediction makes
 // (predict_serving models this admission rule); the decode counters see every step.
 TEST(SchedulerPrefillFirst, TheBatchIsWhatTheMemoryHoldsAsTheServingPredictionSays) {
-  const auto model = Model::load(kModelDir);
+  const auto model = Model::load(testing::kEmbeddedModel);
   const ModelSpec& spec = model->spec();
   constexpr int kPrompt = 96, kTokens = 6, kRequests = 24;
   for (const double budget : {1.0, 0.5, 0.25}) {
@@ -182,7 +181,7 @@ TEST(SchedulerPrefillFirst, TheBatchIsWhatTheMemoryHoldsAsTheServingPredictionSa
 // Pages in use never exceed the capacity nor what admitted requests reserved, while requests wait
 // for pages (not for sequences) and all of them still complete.
 TEST(SchedulerAdmission, NeverLetsPagesInUseExceedTheCapacity) {
-  const auto model = Model::load(kModelDir);
+  const auto model = Model::load(testing::kEmbeddedModel);
   for (const char* policy : {"full", "snapkv", "ekva"}) {
     SCOPED_TRACE(policy);
     SchedulerOptions o;
@@ -227,7 +226,7 @@ TEST(SchedulerAdmission, NeverLetsPagesInUseExceedTheCapacity) {
 // A budget is room: after compression a request reserves only what its policy keeps, so the same
 // pages run more sequences at once than with the full cache.
 TEST(SchedulerAdmission, ABudgetRunsMoreSequencesInTheSamePages) {
-  const auto model = Model::load(kModelDir);
+  const auto model = Model::load(testing::kEmbeddedModel);
   std::map<std::string, int> most_running;
   for (const char* policy : {"full", "snapkv"}) {
     SchedulerOptions o;
@@ -256,7 +255,7 @@ TEST(SchedulerAdmission, ABudgetRunsMoreSequencesInTheSamePages) {
 }
 
 TEST(SchedulerAdmission, RefusesARequestThatCanNeverFitAtOnce) {
-  const auto model = Model::load(kModelDir);
+  const auto model = Model::load(testing::kEmbeddedModel);
   SchedulerOptions o;
   Scheduler probe(*model, o);
   o.kv_capacity_pages = probe.pages_to_admit(64, 8);
@@ -277,7 +276,7 @@ TEST(SchedulerAdmission, RefusesARequestThatCanNeverFitAtOnce) {
 }
 
 TEST(SchedulerCancel, FreesTheRequestsPagesAtOnce) {
-  const auto model = Model::load(kModelDir);
+  const auto model = Model::load(testing::kEmbeddedModel);
   SchedulerOptions o;
   o.max_sequences = 2;
   Scheduler s(*model, o);
@@ -308,7 +307,7 @@ TEST(SchedulerCancel, FreesTheRequestsPagesAtOnce) {
 }
 
 TEST(SchedulerStop, ATokenCallbackThatSaysStopEndsTheRequest) {
-  const auto model = Model::load(kModelDir);
+  const auto model = Model::load(testing::kEmbeddedModel);
   Scheduler s(*model, {});
   GenerationRequest r;
   r.prompt = prompt_of(30, 2);
@@ -328,7 +327,7 @@ TEST(SchedulerStop, ATokenCallbackThatSaysStopEndsTheRequest) {
 }
 
 TEST(SchedulerSubmit, RefusesBadRequests) {
-  const auto model = Model::load(kModelDir);
+  const auto model = Model::load(testing::kEmbeddedModel);
   Scheduler s(*model, {});
   GenerationRequest r;
   EXPECT_THROW(s.submit(r), Error);  // empty prompt
@@ -346,7 +345,7 @@ TEST(SchedulerSubmit, RefusesBadRequests) {
 // Where the keys stay on the device, keydiff is refused up front, as the default policy and per
 // request, rather than when the request's prompt is compressed.
 TEST(SchedulerSubmit, RefusesKeyDiffWhereTheKeysAreNotOnTheHost) {
-  const auto model = Model::load(kModelDir);
+  const auto model = Model::load(testing::kEmbeddedModel);
   SchedulerOptions o;
   o.backend = testing::pages_off_host();
   o.device = "cuda";

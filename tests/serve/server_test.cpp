@@ -15,12 +15,12 @@
 #include "backend/cpu/cpu_backend.h"
 #include "serve/completion.h"
 #include "serve/loadgen.h"
+#include "support/repo_paths.h"
 
 namespace ekva::serve {
 namespace {
 
 using nlohmann::json;
-const std::string kModelDir = std::string(EKVA_FIXTURES) + "/../../models/ekva-moe-8m";
 
 // A server on a free loopback port, serving on its own thread.
 class ServerTest : public ::testing::Test {
@@ -34,8 +34,8 @@ class ServerTest : public ::testing::Test {
     serving_ = std::thread([this] { server_->run(); });
   }
   void SetUp() override {
-    model_ = Model::load(kModelDir);
-    tokenizer_ = load_tokenizer(kModelDir);
+    model_ = Model::load(testing::kEmbeddedModel);
+    tokenizer_ = load_tokenizer(testing::kEmbeddedModel);
   }
   void TearDown() override {
     if (server_) server_->stop();
@@ -107,14 +107,14 @@ TEST_F(ServerTest, ConcurrentPlainAndStreamedCompletionsGiveGeneratesTokens) {
   o.scheduler.max_sequences = 4;
   o.scheduler.prefill_chunk = 64;
   start(o);
-  struct Case {
+  struct ClientCase {
     json body;
     std::vector<int32_t> prompt;
     PolicyOptions policy;
   };
-  std::vector<Case> cases;
+  std::vector<ClientCase> cases;
   for (int i = 0; i < 6; ++i) {
-    Case c;
+    ClientCase c;
     for (int t = 0; t < 30 + 17 * i; ++t) c.prompt.push_back(5 + (t * 53 + i * 7) % 4000);
     c.body = {{"prompt", c.prompt},
               {"max_tokens", 8 + 3 * i},
@@ -130,7 +130,7 @@ TEST_F(ServerTest, ConcurrentPlainAndStreamedCompletionsGiveGeneratesTokens) {
     cases.push_back(c);
   }
   // A text prompt, encoded as generate --prompt encodes it.
-  Case text;
+  ClientCase text;
   text.prompt = tokenizer_->encode("The cache keeps what matters", true);
   text.body = {{"prompt", "The cache keeps what matters"}, {"max_tokens", 10}, {"temperature", 0}};
   cases.push_back(text);
@@ -202,7 +202,8 @@ TEST_F(ServerTest, AModelWithoutHostWeightsServesTokenIdsThroughItsBackend) {
 }
 
 TEST(ModelWithoutWeights, TheCpuBackendRefusesIt) {
-  const auto shape = Model::without_weights(Model::load(kModelDir)->spec(), "config.json");
+  const auto shape =
+      Model::without_weights(Model::load(testing::kEmbeddedModel)->spec(), "config.json");
   try {
     Engine engine(*shape);
     FAIL() << "the CPU backend ran a model without weights";
@@ -423,7 +424,7 @@ TEST(Percentile, IsTheNearestRank) {
 }
 
 TEST(CompletionText, HoldsBackWhatCouldStartAStopString) {
-  const auto tokenizer = load_tokenizer(kModelDir);
+  const auto tokenizer = load_tokenizer(testing::kEmbeddedModel);
   const std::vector<int32_t> ids = tokenizer->encode("one two three four", false);
   CompletionText text(tokenizer.get(), {"three"});
   std::string sent;

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/json_file.h"
+#include "support/repo_paths.h"
 #include "support/temp_dir.h"
 #include "tokenizer/tokenizer.h"
 
@@ -17,10 +18,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using Ids = std::vector<int32_t>;
-
-fs::path fixture(const std::string& name) {
-  return fs::path(EKVA_FIXTURES) / "tokenizers" / name;
-}
 
 using testing::TempDir;
 
@@ -34,7 +31,8 @@ Ids concat(std::initializer_list<Ids> parts) {
 std::unique_ptr<Tokenizer> byte_tokenizer(const TempDir& dir, const nlohmann::json& added) {
   static const nlohmann::json vocab = [] {
     nlohmann::json v = nlohmann::json::object();
-    const nlohmann::json reference = read_json_file(fixture("allenai_dolma2.json"));
+    const nlohmann::json reference =
+        read_json_file(testing::tokenizer_fixture("allenai_dolma2.json"));
     for (const auto& [token, id] : reference["model"]["vocab"].items()) {
       if (id.get<int>() < 256) v[token] = id;
     }
@@ -102,7 +100,7 @@ TEST(AddedTokens, LongestMatchWins) {
 // Metaspace: a "▁" goes before the text always, only at the very start, or never.
 TEST(Metaspace, PrependSchemes) {
   TempDir dir;
-  nlohmann::json j = read_json_file(fixture("mistral-v3.tokenizer.json"));
+  nlohmann::json j = read_json_file(testing::tokenizer_fixture("mistral-v3.tokenizer.json"));
   j["post_processor"] = nullptr;
   const auto load = [&](const std::string& scheme) {
     j["pre_tokenizer"]["prepend_scheme"] = scheme;
@@ -129,18 +127,19 @@ TEST(Metaspace, PrependSchemes) {
 // maximal ill-formed sequence for ByteLevel (dolma2), as Hugging Face's decoders do.
 TEST(Decode, InvalidBytesBecomeReplacementCharacters) {
   const std::string replacement = "\xEF\xBF\xBD";
-  const nlohmann::json mistral = read_json_file(fixture("mistral-v3.tokenizer.json"));
+  const nlohmann::json mistral =
+      read_json_file(testing::tokenizer_fixture("mistral-v3.tokenizer.json"));
   const auto byte_token = [&](const char* name) {
     return mistral["model"]["vocab"][name].get<int32_t>();
   };
-  const auto m = load_tokenizer(fixture("mistral-v3.tokenizer.json"));
+  const auto m = load_tokenizer(testing::tokenizer_fixture("mistral-v3.tokenizer.json"));
   const Ids euro = {byte_token("<0xE2>"), byte_token("<0x82>"), byte_token("<0xAC>")};
   EXPECT_EQ(m->decode(euro, false), "\xE2\x82\xAC");
   const Ids cut = {byte_token("<0xE2>"), byte_token("<0x82>")};
   EXPECT_EQ(m->decode(cut, false), replacement + replacement);
 
-  const nlohmann::json dolma = read_json_file(fixture("allenai_dolma2.json"));
-  const auto d = load_tokenizer(fixture("allenai_dolma2.json"));
+  const nlohmann::json dolma = read_json_file(testing::tokenizer_fixture("allenai_dolma2.json"));
+  const auto d = load_tokenizer(testing::tokenizer_fixture("allenai_dolma2.json"));
   // U+00E2 and U+0124 are the byte-level alphabet's characters for the bytes 0xE2 and 0x82.
   const Ids lone = {dolma["model"]["vocab"]["\xC3\xA2"].get<int32_t>(),
                     dolma["model"]["vocab"]["\xC4\xA4"].get<int32_t>()};
@@ -151,7 +150,7 @@ TEST(Decode, InvalidBytesBecomeReplacementCharacters) {
 // tokenizer without any split, give the ids.
 TEST(Split, DelimiterBehaviours) {
   TempDir dir;
-  nlohmann::json j = read_json_file(fixture("allenai_dolma2.json"));
+  nlohmann::json j = read_json_file(testing::tokenizer_fixture("allenai_dolma2.json"));
   const nlohmann::json byte_level = {
       {"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}};
   const auto load = [&](const nlohmann::json& pre_tokenizer) {
@@ -202,10 +201,12 @@ TEST(ModelDirectory, PrefersTokenizerJsonAndAppliesTokenizerConfig) {
   TempDir dir;
   // The fixtures: " Hello world" is [23325, 2294] for tokenizer.json and [29473, 23325, 2294]
   // for the SentencePiece model.
-  fs::copy_file(fixture("mistral-v3.tokenizer.model"), dir.path() / "tokenizer.model");
+  fs::copy_file(testing::tokenizer_fixture("mistral-v3.tokenizer.model"),
+                dir.path() / "tokenizer.model");
   EXPECT_EQ(load_tokenizer(dir.path())->encode(" Hello world", false), (Ids{29473, 23325, 2294}));
   EXPECT_EQ(load_tokenizer(dir.path())->encode(" Hello world", true), (Ids{1, 29473, 23325, 2294}));
-  fs::copy_file(fixture("mistral-v3.tokenizer.json"), dir.path() / "tokenizer.json");
+  fs::copy_file(testing::tokenizer_fixture("mistral-v3.tokenizer.json"),
+                dir.path() / "tokenizer.json");
   EXPECT_EQ(load_tokenizer(dir.path())->encode(" Hello world", false), (Ids{23325, 2294}));
   EXPECT_EQ(load_tokenizer(dir.path())->encode(" Hello world", true), (Ids{1, 23325, 2294}));
 

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "io/json_file.h"
+#include "support/repo_paths.h"
 #include "support/temp_dir.h"
 #include "tokenizer/tokenizer.h"
 
@@ -17,10 +18,6 @@ namespace ekva {
 namespace {
 
 namespace fs = std::filesystem;
-
-fs::path fixture(const std::string& name) {
-  return fs::path(EKVA_FIXTURES) / "tokenizers" / name;
-}
 
 // Runs `body`, which must throw ekva::Error of `kind` whose message contains `needle`.
 template <typename Body>
@@ -40,7 +37,8 @@ using testing::TempDir;
 nlohmann::json minimal_tokenizer() {
   static const nlohmann::json vocab = [] {
     nlohmann::json v = nlohmann::json::object();
-    const nlohmann::json reference = read_json_file(fixture("allenai_dolma2.json"));
+    const nlohmann::json reference =
+        read_json_file(testing::tokenizer_fixture("allenai_dolma2.json"));
     for (const auto& [token, id] : reference["model"]["vocab"].items()) {
       if (id.get<int>() < 256) v[token] = id;
     }
@@ -62,8 +60,9 @@ fs::path write_json(const TempDir& dir, const nlohmann::json& j) {
 }
 
 TEST(TokenizerErrors, InvalidUtf8InputIsRejectedWithItsOffset) {
-  const auto json_tokenizer = load_tokenizer(fixture("allenai_dolma2.json"));
-  const auto sp_tokenizer = load_tokenizer(fixture("mistral-v3.tokenizer.model"));
+  const auto json_tokenizer = load_tokenizer(testing::tokenizer_fixture("allenai_dolma2.json"));
+  const auto sp_tokenizer =
+      load_tokenizer(testing::tokenizer_fixture("mistral-v3.tokenizer.model"));
   const std::vector<std::pair<std::string, size_t>> bad = {
       {"\xFF", 0},                  // never valid
       {"abc\xE2\x82", 3},           // truncated
@@ -81,7 +80,7 @@ TEST(TokenizerErrors, InvalidUtf8InputIsRejectedWithItsOffset) {
 
 TEST(TokenizerErrors, UnknownIdsAreRejectedOnDecode) {
   for (const char* file : {"mistral-v3.tokenizer.json", "mistral-v3.tokenizer.model"}) {
-    const auto t = load_tokenizer(fixture(file));
+    const auto t = load_tokenizer(testing::tokenizer_fixture(file));
     const std::vector<int32_t> ids = {1, t->vocab_size()};
     expect_error([&] { t->decode(ids, false); }, ErrorKind::kInvalidArgument,
                  "token id " + std::to_string(t->vocab_size()) + " at index 1");
@@ -216,7 +215,8 @@ TEST(TokenizerErrors, MalformedComponentsAreNamed) {
 
 TEST(TokenizerErrors, TokenizerConfigNamingAnUnknownToken) {
   TempDir dir;
-  fs::copy_file(fixture("mistral-v3.tokenizer.json"), dir.path() / "tokenizer.json");
+  fs::copy_file(testing::tokenizer_fixture("mistral-v3.tokenizer.json"),
+                dir.path() / "tokenizer.json");
   std::ofstream(dir.path() / "tokenizer_config.json")
       << R"({"add_eos_token": true, "eos_token": "<nope>"})";
   expect_error([&] { load_tokenizer(dir.path()); }, ErrorKind::kInvalidFile,
@@ -257,7 +257,7 @@ TEST(TokenizerErrors, DeeplyNestedSequencesAreRefusedAtParse) {
 }
 
 TEST(TokenizerErrors, EncodePrefixKeepsTheIdsOfTheWholeText) {
-  const auto tokenizer = load_tokenizer(fixture("allenai_dolma2.json"));
+  const auto tokenizer = load_tokenizer(testing::tokenizer_fixture("allenai_dolma2.json"));
   std::string text;
   for (int i = 0; i < 2000; ++i) text += "Paragraph " + std::to_string(i) + ": some words here.\n";
   const std::vector<int32_t> all = tokenizer->encode(text, false);
