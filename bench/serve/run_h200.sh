@@ -7,7 +7,7 @@
 #   bench/serve/run_h200.sh BIN OUT [PROMPT_TOKENS] [KV_MEMORY_BYTES]
 #
 # BIN: a directory holding `ekva` and the shared libraries it needs (a build's src/cli, or the
-# device pack build/device-cli made by scripts/device-pack.sh, unpacked here on first use). OUT:
+# device pack build/device-all made by scripts/device-pack.sh, unpacked here on first use). OUT:
 # where everything goes. PROMPT_TOKENS (32704: with MAX_TOKENS, Mixtral's 32768-token context) and
 # KV_MEMORY_BYTES (20 GiB) make a shorter smoke run possible. Environment (defaults in brackets):
 #   MAX_TOKENS [64]  BUDGETS ["1 0.2 0.5 0.1"]  POLICY [streaming]  PREFILL_CHUNK [4096]
