@@ -644,6 +644,25 @@ void CudaBackend::sync_scores(int seq, KvLayout& layout) {
   }
 }
 
+void CudaBackend::upload_scores(int seq, const KvLayout& layout) {
+  const std::vector<int32_t> rows = sequence_rows(seq, layout);
+  if (rows.empty()) return;
+  std::vector<float> scores;
+  scores.reserve(rows.size());
+  for (int l = 0; l < layout.num_layers(); ++l) {
+    for (int h = 0; h < layout.num_kv_heads(); ++h) {
+      for (const TokenMeta& m : layout.table(seq, l, h).meta) scores.push_back(m.score);
+    }
+  }
+  int32_t* rows_d = scratch(score_rows_, rows.size());
+  float* scores_d = scratch(row_scores_, rows.size());
+  EKVA_CUDA_CHECK(cudaMemcpyAsync(rows_d, rows.data(), rows.size() * sizeof(int32_t),
+                                  cudaMemcpyHostToDevice, stream_));
+  EKVA_CUDA_CHECK(cudaMemcpyAsync(scores_d, scores.data(), scores.size() * sizeof(float),
+                                  cudaMemcpyHostToDevice, stream_));
+  scatter_scores(meta_.data(), rows_d, scores_d, static_cast<int64_t>(rows.size()), stream_);
+}
+
 void CudaBackend::select_on_device(std::span<const EvictionPlan> plans,
                                    const std::vector<std::pair<size_t, size_t>>& listed,
                                    const KvLayout& layout,
@@ -762,24 +781,7 @@ void CudaBackend::apply_all(std::span<const EvictionPlan> plans, KvLayout& layou
     }
   }
   for (size_t p = 0; p < plans.size(); ++p) {
-    if (on_host[p] == 0) continue;
-    const std::vector<int32_t> rows = sequence_rows(plans[p].seq, layout);
-    std::vector<float> scores;
-    scores.reserve(rows.size());
-    for (int l = 0; l < layout.num_layers(); ++l) {
-      for (int h = 0; h < layout.num_kv_heads(); ++h) {
-        for (const TokenMeta& m : layout.table(plans[p].seq, l, h).meta) scores.push_back(m.score);
-      }
-    }
-    if (rows.empty()) continue;
-    EKVA_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the scratch below may still be read
-    int32_t* rows_d = scratch(score_rows_, rows.size());
-    float* scores_d = scratch(row_scores_, rows.size());
-    EKVA_CUDA_CHECK(cudaMemcpyAsync(rows_d, rows.data(), rows.size() * sizeof(int32_t),
-                                    cudaMemcpyHostToDevice, stream_));
-    EKVA_CUDA_CHECK(cudaMemcpyAsync(scores_d, scores.data(), scores.size() * sizeof(float),
-                                    cudaMemcpyHostToDevice, stream_));
-    scatter_scores(meta_.data(), rows_d, scores_d, static_cast<int64_t>(rows.size()), stream_);
+    if (on_host[p] != 0) upload_scores(plans[p].seq, layout);
   }
   EKVA_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }

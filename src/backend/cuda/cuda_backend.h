@@ -53,6 +53,9 @@ class CudaBackend : public Backend {
   void upload_step(const std::vector<int32_t>& step_ints);
   // Uploads every layer's block tables unless the device has them; sets views_.
   void upload_tables(const KvLayout& layout);
+  // The host's scores of `seq` to the device, after a selection on the host pooled them (the
+  // inverse of sync_scores).
+  void upload_scores(int seq, const KvLayout& layout);
   // Selects on the device the evictions of the listed segments, each the segment i of plan p, into
   // slots[p][i].
   void select_on_device(std::span<const EvictionPlan> plans,
