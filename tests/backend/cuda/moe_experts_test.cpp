@@ -30,16 +30,57 @@ std::vector<uint16_t> random_bf16(size_t count, std::mt19937& rng) {
   return x;
 }
 
+// The order MoePairs promises, built here by a stable sort of the pairs by expert.
+void expect_sorted_like_reference(const std::vector<int32_t>& experts,
+                                  const std::vector<float>& gates, const Case& c,
+                                  const std::vector<int32_t>& ints,
+                                  const std::vector<float>& sorted_gates) {
+  const int pairs = c.tokens * c.top_k;
+  std::vector<int> order(pairs);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return experts[a] < experts[b]; });
+  std::vector<int32_t> token_pairs(pairs), touched, touched_first;
+  for (int slot = 0; slot < pairs; ++slot) {
+    const int j = order[slot];
+    ASSERT_EQ(ints[slot], j / c.top_k) << "token of slot " << slot;
+    ASSERT_EQ(ints[pairs + slot], experts[j]) << "expert of slot " << slot;
+    ASSERT_EQ(sorted_gates[slot], gates[j]) << "gate of slot " << slot;
+    if (slot == 0 || experts[order[slot - 1]] != experts[j]) {
+      touched.push_back(experts[j]);
+      touched_first.push_back(slot);
+    }
+  }
+  for (int t = 0; t < c.tokens; ++t) {
+    std::vector<int> slots;
+    for (int slot = 0; slot < pairs; ++slot)
+      if (order[slot] / c.top_k == t) slots.push_back(slot);  // ascending expert already
+    for (int i = 0; i < c.top_k; ++i)
+      ASSERT_EQ(ints[2 * pairs + t * c.top_k + i], slots[i]) << "token " << t << " pair " << i;
+  }
+  const int num_touched = static_cast<int>(touched.size());
+  ASSERT_EQ(ints[5 * pairs + 1], num_touched);
+  for (int i = 0; i < num_touched; ++i) {
+    EXPECT_EQ(ints[3 * pairs + i], touched[i]);
+    EXPECT_EQ(ints[4 * pairs + i], touched_first[i]);
+  }
+  EXPECT_EQ(ints[4 * pairs + num_touched], pairs);
+}
+
 void run_case(const Case& c, uint32_t seed) {
   std::mt19937 rng(seed);
   const int pairs = c.tokens * c.top_k;
-  // Each token's top_k distinct experts, drawn from the first few so that experts share tokens.
+  // Each token's top_k distinct experts, drawn from a window of a few at a random place so that
+  // experts share tokens and some are not touched. Distinct gates show where each pair went.
   std::vector<int32_t> experts(pairs);
-  std::vector<float> gates(pairs, 0.5f);
-  std::vector<int32_t> ids(c.num_experts);
-  std::iota(ids.begin(), ids.end(), 0);
+  std::vector<float> gates(pairs);
+  for (int j = 0; j < pairs; ++j) gates[j] = 1.0f / static_cast<float>(j + 2);
+  const int window = std::min(c.num_experts, 2 * c.top_k + 1);
+  std::vector<int32_t> ids(window);
   for (int t = 0; t < c.tokens; ++t) {
-    std::shuffle(ids.begin(), ids.begin() + std::min(c.num_experts, 2 * c.top_k + 1), rng);
+    const int base = static_cast<int>(rng() % static_cast<uint32_t>(c.num_experts - window + 1));
+    std::iota(ids.begin(), ids.end(), base);
+    std::shuffle(ids.begin(), ids.end(), rng);
     std::copy_n(ids.begin(), c.top_k, experts.begin() + static_cast<size_t>(t) * c.top_k);
   }
   std::vector<std::vector<uint16_t>> weights;
@@ -68,6 +109,7 @@ void run_case(const Case& c, uint32_t seed) {
   p.gate = pair_gates.data();
   sort_pairs(experts_device.data(), gates_device.data(), c.tokens, c.top_k, c.num_experts, p,
              nullptr);
+  expect_sorted_like_reference(experts, gates, c, ints.download(), pair_gates.download());
   DeviceBuffer<uint16_t> tokens_device{std::span<const uint16_t>(tokens)};
   DeviceBuffer<uint16_t> pair_rows_device{std::span<const uint16_t>(pair_rows)};
   for (const bool input_is_token : {true, false}) {
@@ -122,6 +164,10 @@ TEST_F(GroupedGemmTest, FineGrainedExpertsOddSizes) {
   run_case({128, 8, 5, 97, 520}, 3);
 }
 
+TEST_F(GroupedGemmTest, MostExpertsFullBatchTopEight) {
+  run_case({kMaxGroupedExperts, 8, kMaxGroupedTokens, 24, 64}, 5);
+}
+
 TEST_F(GroupedGemmTest, SkinnyDenseProductMatchesDouble) {
   std::mt19937 rng(4);
   for (const int n : {1, 7, kMaxGroupedTokens}) {
@@ -159,6 +205,10 @@ TEST(GroupedGemmHostTest, RejectsUnsupportedShapes) {
   g.in_cols = 64;
   g.out_rows = 64;
   EXPECT_THROW(grouped_gemm(g, MoePairs{}, kMaxGroupedTokens + 1, 2, 8, nullptr), Error);
+  EXPECT_THROW(sort_pairs(nullptr, nullptr, kMaxGroupedTokens + 1, 2, 8, MoePairs{}, nullptr),
+               Error);
+  EXPECT_THROW(sort_pairs(nullptr, nullptr, 4, 2, kMaxGroupedExperts + 1, MoePairs{}, nullptr),
+               Error);
   EXPECT_FALSE(skinny_gemm_supported(kMaxGroupedTokens + 1, 64));
   EXPECT_FALSE(skinny_gemm_supported(1, 12));
 }
