@@ -22,7 +22,6 @@ Usage: tools/grid_table.py ROOT [ROOT2 ...] [--model-name NAME ...]
 import argparse
 import glob
 import json
-import math
 import os
 import re
 
@@ -235,7 +234,7 @@ def report(root, name):
         elif e and any(p in top for p in BLIND):
             # No expert-blind policy reaches it: each needs more than it kept at the top budget.
             most = min(top[p]["kv_fraction"] for p in BLIND if p in top)
-            saving = 1 - e[1]["kv_fraction"] / most
+            saving = max(0.0, 1 - e[1]["kv_fraction"] / most)
             shown = f"> {saving * 100:.0f}%"
         else:
             shown = "none reached"
