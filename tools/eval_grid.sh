@@ -10,6 +10,8 @@
 # MODEL: models/ekva-moe-8m or models/ekva-qwen3moe-12m. Defaults: both modes; passkey,
 # multikey-needle, kv-retrieval, ppl; budgets 0.06 0.12 0.25. Environment (defaults in brackets):
 #   SEED [9001001, the test seed]  SAMPLES [100]  CONTEXT [2048]  DEVICE [cuda]  JOBS [12]
+#   EVAL_JOBS [1]: each run's `ekva eval --jobs` (samples at once in one process, whose GPU
+#   streams overlap, where separate processes take turns on the GPU)
 #   POLICIES [ekva,adakv,snapkv,pyramidkv,rarity-tokens,ekva-random-groups; keydiff ranks keys on
 #   the host, so the GPU engine refuses it]
 #   PPL_SAMPLES [26: the windows of CONTEXT - 1 tokens data/eval/heldout.txt holds at 2048]
@@ -18,7 +20,7 @@
 #   last 30 s. A cut run leaves no results.json in its directory (its log says how far it got).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-[[ $# -ge 3 ]] || { sed -n '2,20p' "$0"; exit 2; }
+[[ $# -ge 3 ]] || { sed -n '2,22p' "$0"; exit 2; }
 BIN=$1
 OUT=$2
 MODEL=$3
@@ -30,6 +32,7 @@ SAMPLES=${SAMPLES:-100}
 CONTEXT=${CONTEXT:-2048}
 DEVICE=${DEVICE:-cuda}
 JOBS=${JOBS:-12}
+EVAL_JOBS=${EVAL_JOBS:-1}
 POLICIES=${POLICIES:-ekva,adakv,snapkv,pyramidkv,rarity-tokens,ekva-random-groups}
 PPL_SAMPLES=${PPL_SAMPLES:-26}
 FILLER=${FILLER:-data/eval/heldout.txt}
@@ -51,7 +54,7 @@ run_one() {
   [[ $TIME_LIMIT -gt 0 ]] && limit=(timeout $((TIME_LIMIT - SECONDS)))
   "${limit[@]}" "$BIN/ekva" eval --model "$MODEL" --policies "$POLICIES" --budgets "$budget" \
     --tasks "$task" --filler "$FILLER" --context "$CONTEXT" --samples "$samples" --seed "$SEED" \
-    --mode "$mode" --device "$DEVICE" --out "$dir" >"$dir/eval.log" 2>&1
+    --mode "$mode" --device "$DEVICE" --jobs "$EVAL_JOBS" --out "$dir" >"$dir/eval.log" 2>&1
   echo "$mode $task $budget: exit $? ($SECONDS s)"
 }
 

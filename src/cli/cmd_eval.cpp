@@ -29,6 +29,7 @@ struct EvalArgs {
   std::string filler;
   std::string heldout = "data/eval/heldout.txt";
   int ppl_tokens = 128;
+  int jobs = 1;
   PolicyArgs kv;  // --plan, --window, --sinks; --policies and --budgets give the rest
   DeviceArgs device;
   std::string out;
@@ -75,6 +76,7 @@ int run_eval(const EvalArgs& a) {
   if (!a.filler.empty()) options.filler = read_filler(repository_path(a.filler));
   if (ppl) options.heldout_text = read_text_file(repository_path(a.heldout));
   options.ppl_tokens = a.ppl_tokens;
+  options.jobs = a.jobs;
   options.engine.kv = kv_format(a.kv);
   const std::string device = use_device(a.device, a.kv.kv_dtype, options.engine);
   options.progress = [](int done, int total) {
@@ -184,6 +186,11 @@ void add_eval(CLI::App& app, Action& action) {
       ->capture_default_str();
   add_shared_policy_options(cmd, a->kv);
   add_device_option(cmd, a->device);
+  cmd->add_option("--jobs", a->jobs,
+                  "Samples evaluated at once, each on a thread with engines of its own (on the "
+                  "GPU their kernels overlap); the results are the same for any number")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
   cmd->add_option("--out", a->out,
                   "Directory for results.json, results.csv, chart-TASK.svg and plan.json");
   cmd->add_flag("--json", a->json, "Print one JSON object");

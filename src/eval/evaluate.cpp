@@ -1,6 +1,8 @@
 #include "eval/evaluate.h"
 
 #include <algorithm>
+#include <exception>
+#include <optional>
 
 #include "core/error.h"
 #include "engine/engine.h"
@@ -112,6 +114,9 @@ std::vector<TaskScore> evaluate_tasks(const Model& model, const Tokenizer& token
     fail(ErrorKind::kInvalidArgument, "eval: context {} exceeds the model's {} positions",
          options.context_tokens, spec.max_position);
   }
+  if (options.jobs < 1) {
+    fail(ErrorKind::kInvalidArgument, "eval: jobs must be at least 1, not {}", options.jobs);
+  }
   if (options.samples < 1) {
     fail(ErrorKind::kInvalidArgument, "eval: samples must be at least 1, not {}", options.samples);
   }
@@ -158,31 +163,56 @@ std::vector<TaskScore> evaluate_tasks(const Model& model, const Tokenizer& token
                         0,
                         0});
     }
-    std::vector<std::vector<int>> correct(options.policies.size());
-    std::vector<std::vector<double>> nll(options.policies.size());
-    std::vector<std::vector<int>> scored(options.policies.size());
-    for (int i = 0; i < options.samples; ++i) {
-      std::vector<int32_t> prefix, suffix;
-      std::optional<TaskInstance> instance;
-      int max_new = 0;
+    // The instances are made and tokenized here, one after another; the samples then run
+    // options.jobs at a time and are added up in order, so the sums do not depend on the jobs.
+    const int n = options.samples;
+    std::vector<std::vector<int32_t>> prefixes(n), suffixes(n);
+    std::vector<std::optional<TaskInstance>> instances(n);
+    std::vector<int> max_new(n, 0);
+    for (int i = 0; i < n; ++i) {
       if (task.kind) {
-        instance = generate_task(*task.kind, instance_seed(options.seed, i), task_options, count);
-        std::tie(prefix, suffix) = instance_tokens(*instance, tokenizer, bos, options.mode);
-        max_new = static_cast<int>(tokenizer.encode(instance->answer, false).size()) + 2;
+        instances[i] =
+            generate_task(*task.kind, instance_seed(options.seed, i), task_options, count);
+        std::tie(prefixes[i], suffixes[i]) =
+            instance_tokens(*instances[i], tokenizer, bos, options.mode);
+        max_new[i] = static_cast<int>(tokenizer.encode(instances[i]->answer, false).size()) + 2;
       } else {
         const auto begin = heldout.begin() + static_cast<ptrdiff_t>(i * window);
         const auto split = begin + static_cast<ptrdiff_t>(window - options.ppl_tokens);
-        prefix.push_back(bos);
-        prefix.insert(prefix.end(), begin, split);
-        suffix.assign(split, begin + static_cast<ptrdiff_t>(window));
+        prefixes[i].push_back(bos);
+        prefixes[i].insert(prefixes[i].end(), begin, split);
+        suffixes[i].assign(split, begin + static_cast<ptrdiff_t>(window));
       }
-      const std::vector<PolicyOutcome> outcomes =
-          run_policies(model, prefix, suffix, options.policies, max_new, options.engine);
-      for (size_t p = 0; p < outcomes.size(); ++p) {
-        const PolicyOutcome& o = outcomes[p];
+    }
+    std::vector<std::vector<PolicyOutcome>> outcomes(n);
+    std::vector<std::exception_ptr> failures(n);  // an exception must not leave the parallel region
+    // One job: no parallel region is active, so the backend's own threads stay available.
+#pragma omp parallel for schedule(dynamic, 1) num_threads(options.jobs) if (options.jobs > 1)
+    for (int i = 0; i < n; ++i) {
+      try {
+        outcomes[i] = run_policies(model, prefixes[i], suffixes[i], options.policies, max_new[i],
+                                   options.engine);
+      } catch (...) {
+        failures[i] = std::current_exception();
+      }
+#pragma omp critical(ekva_eval_progress)
+      {
+        done += static_cast<int>(options.policies.size());
+        if (options.progress) options.progress(done, steps);
+      }
+    }
+    for (const std::exception_ptr& failure : failures) {
+      if (failure) std::rethrow_exception(failure);  // the first sample's that failed
+    }
+    std::vector<std::vector<int>> correct(options.policies.size());
+    std::vector<std::vector<double>> nll(options.policies.size());
+    std::vector<std::vector<int>> scored(options.policies.size());
+    for (int i = 0; i < n; ++i) {
+      for (size_t p = 0; p < outcomes[i].size(); ++p) {
+        const PolicyOutcome& o = outcomes[i][p];
         TaskScore& s = scores[first + p];
-        if (instance) {
-          correct[p].push_back(answer_matches(*instance, tokenizer.decode(o.generated, true)));
+        if (instances[i]) {
+          correct[p].push_back(answer_matches(*instances[i], tokenizer.decode(o.generated, true)));
         } else {
           nll[p].push_back(o.nll_sum);
           scored[p].push_back(o.scored_tokens);
@@ -193,8 +223,6 @@ std::vector<TaskScore> evaluate_tasks(const Model& model, const Tokenizer& token
             (o.kv_bytes_full > 0 ? static_cast<double>(o.kv_bytes) / o.kv_bytes_full : 1.0) /
             options.samples;
       }
-      done += static_cast<int>(options.policies.size());
-      if (options.progress) options.progress(done, steps);
     }
     for (size_t p = 0; p < options.policies.size(); ++p) {
       TaskScore& s = scores[first + p];

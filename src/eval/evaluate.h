@@ -53,7 +53,11 @@ struct TaskEvalOptions {
   std::string heldout_text;  // ppl: windows are cut from it, one after another
   int ppl_tokens = 128;      // ppl: continuation tokens scored per window
   EngineOptions engine;      // KV pages (their element type is what byte counts count) and backend
-  EvalProgress progress;
+  // Samples evaluated at once, on threads, each with engines of its own: on the GPU their streams
+  // overlap, where one sample at a time leaves it idle between small kernels. The results do not
+  // depend on it. The backend factory must take calls from several threads.
+  int jobs = 1;
+  EvalProgress progress;  // called from one thread at a time
 };
 
 // Tokens held back from the context for the answer; the prompt gets the rest.

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "core/error.h"
 #include "eval/evaluate.h"
 #include "eval/report.h"
 #include "io/json_file.h"
@@ -52,6 +53,50 @@ TEST(SampleOutcomes, TheScoreFollowsFromTheSamples) {
     EXPECT_NE(r.policy, r.baseline);
     EXPECT_LE(r.test.first_better + r.test.second_better, 3);
   }
+}
+
+// Samples evaluated on several threads add up to exactly what one at a time gives: each sample's
+// engines are its own, and the sums are taken in sample order afterwards.
+TEST(SampleOutcomes, JobsDoNotChangeTheResults) {
+  const std::string dir = std::string(EKVA_FIXTURES) + "/../../models/ekva-moe-8m";
+  const auto model = Model::load(dir);
+  const auto tokenizer = load_tokenizer(dir);
+  TaskEvalOptions options;
+  options.tasks = {{TaskKind::kPasskey}, {}};  // and ppl
+  PolicyOptions snapkv, ekva;
+  snapkv.name = "snapkv";
+  ekva.name = "ekva";
+  snapkv.budget = ekva.budget = 0.1;
+  options.policies = {PolicyOptions{}, snapkv, ekva};
+  options.context_tokens = 256;
+  options.samples = 4;
+  options.ppl_tokens = 16;
+  options.mode = QueryMode::kAgnostic;  // decode-time evictions too
+  options.heldout_text =
+      read_text_file(std::string(EKVA_FIXTURES) + "/../../data/eval/heldout.txt").substr(0, 8000);
+  const std::vector<TaskScore> one = evaluate_tasks(*model, *tokenizer, options);
+  options.jobs = 3;
+  int calls = 0, last = 0;
+  options.progress = [&](int done, int total) {
+    ++calls;
+    EXPECT_GT(done, last);
+    EXPECT_EQ(total, 24);
+    last = done;
+  };
+  const std::vector<TaskScore> three = evaluate_tasks(*model, *tokenizer, options);
+  EXPECT_EQ(calls, 8);
+  EXPECT_EQ(last, 24);
+  ASSERT_EQ(one.size(), three.size());
+  for (size_t i = 0; i < one.size(); ++i) {
+    SCOPED_TRACE(one[i].task + " " + one[i].policy);
+    EXPECT_EQ(one[i].sample_values, three[i].sample_values);
+    EXPECT_EQ(one[i].sample_tokens, three[i].sample_tokens);
+    EXPECT_EQ(one[i].score, three[i].score);
+    EXPECT_EQ(one[i].kv_fraction, three[i].kv_fraction);
+    EXPECT_EQ(one[i].kv_bytes, three[i].kv_bytes);
+  }
+  options.jobs = 0;
+  EXPECT_THROW(evaluate_tasks(*model, *tokenizer, options), Error);
 }
 
 }  // namespace

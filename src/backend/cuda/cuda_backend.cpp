@@ -1,6 +1,7 @@
 #include "backend/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <mutex>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/decode_attention.h"
@@ -804,11 +805,13 @@ BackendFactory cuda_backend_factory(std::shared_ptr<const DeviceModel> weights) 
 
 BackendFactory cuda_backend_factory() {
   struct Uploaded {
+    std::mutex mutex;  // engines may be made on several threads (an evaluation's jobs)
     const Model* model = nullptr;
     std::shared_ptr<const DeviceModel> weights;
   };
   auto uploaded = std::make_shared<Uploaded>();
   return [uploaded](const Model& model, const KvLayout& layout) -> std::unique_ptr<Backend> {
+    const std::lock_guard<std::mutex> lock(uploaded->mutex);
     if (uploaded->model != &model) {
       uploaded->weights.reset();  // free the previous model's weights first
       uploaded->weights =
