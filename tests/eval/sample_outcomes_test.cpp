@@ -11,27 +11,35 @@
 #include "io/json_file.h"
 #include "io/repository.h"
 #include "model/model.h"
+#include "support/repo_paths.h"
 #include "tokenizer/tokenizer.h"
 
 namespace ekva {
 namespace {
 
-TEST(SampleOutcomes, TheScoreFollowsFromTheSamples) {
-  const std::string dir = std::string(EKVA_FIXTURES) + "/../../models/ekva-moe-8m";
-  const auto model = Model::load(dir);
-  const auto tokenizer = load_tokenizer(dir);
+// Passkey and ppl on short windows of the embedded model: full KV and the named policies at 10%.
+TaskEvalOptions passkey_and_ppl(const std::vector<std::string>& policies, int samples) {
   TaskEvalOptions options;
   options.tasks = {{TaskKind::kPasskey}, {}};  // and ppl
-  PolicyOptions streaming, snapkv;
-  streaming.name = "streaming";
-  snapkv.name = "snapkv";
-  streaming.budget = snapkv.budget = 0.1;
-  options.policies = {PolicyOptions{}, streaming, snapkv};
+  options.policies = {PolicyOptions{}};
+  for (const std::string& name : policies) {
+    PolicyOptions p;
+    p.name = name;
+    p.budget = 0.1;
+    options.policies.push_back(p);
+  }
   options.context_tokens = 256;
-  options.samples = 3;
+  options.samples = samples;
   options.ppl_tokens = 16;
   options.heldout_text =
-      read_text_file(std::string(EKVA_FIXTURES) + "/../../data/eval/heldout.txt").substr(0, 8000);
+      read_text_file((testing::kRepoRoot / "data/eval/heldout.txt").string()).substr(0, 8000);
+  return options;
+}
+
+TEST(SampleOutcomes, TheScoreFollowsFromTheSamples) {
+  const auto model = Model::load(testing::kEmbeddedModel);
+  const auto tokenizer = load_tokenizer(testing::kEmbeddedModel);
+  const TaskEvalOptions options = passkey_and_ppl({"streaming", "snapkv"}, 3);
   const std::vector<TaskScore> scores = evaluate_tasks(*model, *tokenizer, options);
   ASSERT_EQ(scores.size(), 6u);
   for (const TaskScore& s : scores) {
@@ -58,22 +66,10 @@ TEST(SampleOutcomes, TheScoreFollowsFromTheSamples) {
 // Samples evaluated on several threads add up to exactly what one at a time gives: each sample's
 // engines are its own, and the sums are taken in sample order afterwards.
 TEST(SampleOutcomes, JobsDoNotChangeTheResults) {
-  const std::string dir = std::string(EKVA_FIXTURES) + "/../../models/ekva-moe-8m";
-  const auto model = Model::load(dir);
-  const auto tokenizer = load_tokenizer(dir);
-  TaskEvalOptions options;
-  options.tasks = {{TaskKind::kPasskey}, {}};  // and ppl
-  PolicyOptions snapkv, ekva;
-  snapkv.name = "snapkv";
-  ekva.name = "ekva";
-  snapkv.budget = ekva.budget = 0.1;
-  options.policies = {PolicyOptions{}, snapkv, ekva};
-  options.context_tokens = 256;
-  options.samples = 4;
-  options.ppl_tokens = 16;
+  const auto model = Model::load(testing::kEmbeddedModel);
+  const auto tokenizer = load_tokenizer(testing::kEmbeddedModel);
+  TaskEvalOptions options = passkey_and_ppl({"snapkv", "ekva"}, 4);
   options.mode = QueryMode::kAgnostic;  // decode-time evictions too
-  options.heldout_text =
-      read_text_file(std::string(EKVA_FIXTURES) + "/../../data/eval/heldout.txt").substr(0, 8000);
   const std::vector<TaskScore> one = evaluate_tasks(*model, *tokenizer, options);
   options.jobs = 3;
   int calls = 0, last = 0;
