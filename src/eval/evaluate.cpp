@@ -1,6 +1,7 @@
 #include "eval/evaluate.h"
 
 #include <algorithm>
+#include <atomic>
 #include <exception>
 #include <optional>
 
@@ -186,14 +187,17 @@ std::vector<TaskScore> evaluate_tasks(const Model& model, const Tokenizer& token
     }
     std::vector<std::vector<PolicyOutcome>> outcomes(n);
     std::vector<std::exception_ptr> failures(n);  // an exception must not leave the parallel region
+    std::atomic<bool> failed{false};
     // One job: no parallel region is active, so the backend's own threads stay available.
 #pragma omp parallel for schedule(dynamic, 1) num_threads(options.jobs) if (options.jobs > 1)
     for (int i = 0; i < n; ++i) {
+      if (failed.load()) continue;  // a sample failed: the rest are not worth running
       try {
         outcomes[i] = run_policies(model, prefixes[i], suffixes[i], options.policies, max_new[i],
                                    options.engine);
       } catch (...) {
         failures[i] = std::current_exception();
+        failed.store(true);
       }
 #pragma omp critical(ekva_eval_progress)
       {
@@ -202,7 +206,7 @@ std::vector<TaskScore> evaluate_tasks(const Model& model, const Tokenizer& token
       }
     }
     for (const std::exception_ptr& failure : failures) {
-      if (failure) std::rethrow_exception(failure);  // the first sample's that failed
+      if (failure) std::rethrow_exception(failure);  // the earliest failed sample's
     }
     std::vector<std::vector<int>> correct(options.policies.size());
     std::vector<std::vector<double>> nll(options.policies.size());
