@@ -664,10 +664,10 @@ void CudaBackend::upload_scores(int seq, const KvLayout& layout) {
   scatter_scores(meta_.data(), rows_d, scores_d, static_cast<int64_t>(rows.size()), stream_);
 }
 
-void CudaBackend::select_on_device(std::span<const EvictionPlan> plans,
-                                   const std::vector<std::pair<size_t, size_t>>& listed,
-                                   const KvLayout& layout,
-                                   std::vector<std::vector<std::vector<int32_t>>>& slots) {
+void CudaBackend::evict_on_device(std::span<const EvictionPlan> plans,
+                                  const std::vector<std::pair<size_t, size_t>>& listed,
+                                  const KvLayout& layout,
+                                  std::vector<std::vector<std::vector<int32_t>>>& slots) {
   const int H = layout.num_kv_heads(), S = layout.num_sequences();
   const int max_evictions = kMaxDecodeEvictions;
   std::vector<int32_t> params, pinned;
@@ -676,11 +676,12 @@ void CudaBackend::select_on_device(std::span<const EvictionPlan> plans,
     const SegmentEviction& e = plans[p].segments[i];
     const size_t at = table_at_[e.layer];
     const int segment = plans[p].seq * H + e.kv_head;
-    params.insert(params.end(), {static_cast<int32_t>(at + 2 * static_cast<size_t>(S) * H + 1) +
-                                     tables_[at + segment],
-                                 layout.table(plans[p].seq, e.layer, e.kv_head).size(), e.keep,
-                                 e.sinks, e.recent_from, static_cast<int32_t>(pinned.size()),
-                                 static_cast<int32_t>(pinned.size() + e.pinned.size())});
+    params.insert(
+        params.end(),
+        {static_cast<int32_t>(at + 2 * static_cast<size_t>(S) * H + 1) + tables_[at + segment],
+         layout.table(plans[p].seq, e.layer, e.kv_head).size(), e.keep, e.sinks, e.recent_from,
+         static_cast<int32_t>(pinned.size()), static_cast<int32_t>(pinned.size() + e.pinned.size()),
+         static_cast<int32_t>(at + static_cast<size_t>(S) * H + 1) + segment});
     pinned.insert(pinned.end(), e.pinned.begin(), e.pinned.end());
   }
   const size_t count = listed.size();
@@ -696,10 +697,10 @@ void CudaBackend::select_on_device(std::span<const EvictionPlan> plans,
   e.pinned = ints + params.size();
   e.count = static_cast<int>(count);
   e.max_evictions = max_evictions;
-  e.evict_flags = flags_.data();
   e.evicted = ints + out;
   e.num_evicted = ints + out + count * max_evictions;
-  select_decode_evictions(meta_.data(), ints_.data(), layout.page_size(), e, stream_);
+  evict_decode(pool_.data(), meta_.data(), ints_.data(), layout.page_size(), layout.head_dim(), e,
+               stream_);
   std::vector<int32_t> result(count * (max_evictions + 1));
   EKVA_CUDA_CHECK(cudaMemcpyAsync(result.data(), e.evicted, result.size() * sizeof(int32_t),
                                   cudaMemcpyDeviceToHost, stream_));
@@ -717,11 +718,11 @@ void CudaBackend::select_on_device(std::span<const EvictionPlan> plans,
 
 void CudaBackend::apply_all(std::span<const EvictionPlan> plans, KvLayout& layout) {
   // Selections read and pool each plan's own sequence only, so all are made before any
-  // compaction; the device then compacts every flagged slot of a layer in one pass over the tables
-  // as they were, and the host mirror follows, plan by plan. A segment a decode step outgrew by a
-  // few slots is selected on the device, over the scores there; a plan with group quotas or score
-  // pooling, or that evicts more (a prompt's compression), on the host over the scores
-  // sync_scores brought there, whose pooled values then go back to the device.
+  // compaction, and the host mirror follows, plan by plan. A segment a decode step outgrew by a few
+  // slots is selected and compacted on the device in one launch for all of them, over the scores
+  // there; a plan with group quotas or score pooling, or that evicts more (a prompt's
+  // compression), is selected on the host over the scores sync_scores brought there, whose pooled
+  // values then go back to the device, and its flagged slots are compacted a layer at a time.
   upload_tables(layout);
   std::vector<std::vector<std::vector<int32_t>>> slots(plans.size());
   std::vector<std::pair<size_t, size_t>> listed;
@@ -755,25 +756,25 @@ void CudaBackend::apply_all(std::span<const EvictionPlan> plans, KvLayout& layou
       }
     }
   }
-  if (!listed.empty()) select_on_device(plans, listed, layout, slots);
+  if (!listed.empty()) evict_on_device(plans, listed, layout, slots);
   if (!host_rows.empty()) {
     int32_t* rows_d = scratch(score_rows_, host_rows.size());
     EKVA_CUDA_CHECK(cudaMemcpyAsync(rows_d, host_rows.data(), host_rows.size() * sizeof(int32_t),
                                     cudaMemcpyHostToDevice, stream_));
     flag_rows(flags_.data(), rows_d, static_cast<int64_t>(host_rows.size()), stream_);
-  }
-  std::vector<uint8_t> layer_touched(layout.num_layers(), 0);
-  for (size_t p = 0; p < plans.size(); ++p) {
-    for (size_t i = 0; i < plans[p].segments.size(); ++i) {
-      if (!slots[p][i].empty()) layer_touched[plans[p].segments[i].layer] = 1;
+    std::vector<uint8_t> layer_touched(layout.num_layers(), 0);
+    for (size_t p = 0; p < plans.size(); ++p) {
+      for (size_t i = 0; i < plans[p].segments.size(); ++i) {
+        if (on_host[p] != 0 && !slots[p][i].empty()) layer_touched[plans[p].segments[i].layer] = 1;
+      }
     }
+    for (int l = 0; l < layout.num_layers(); ++l) {
+      if (layer_touched[l] != 0)
+        evict_flagged(views_[l], flags_.data(), pool_rows_, compaction_.data(), stream_);
+    }
+    const size_t rows_in_use = static_cast<size_t>(layout.page_high_water()) * layout.page_size();
+    EKVA_CUDA_CHECK(cudaMemsetAsync(flags_.data(), 0, rows_in_use, stream_));
   }
-  for (int l = 0; l < layout.num_layers(); ++l) {
-    if (layer_touched[l] != 0)
-      evict_flagged(views_[l], flags_.data(), pool_rows_, compaction_.data(), stream_);
-  }
-  const size_t rows_in_use = static_cast<size_t>(layout.page_high_water()) * layout.page_size();
-  EKVA_CUDA_CHECK(cudaMemsetAsync(flags_.data(), 0, rows_in_use, stream_));
   for (size_t p = 0; p < plans.size(); ++p) {
     for (size_t i = 0; i < plans[p].segments.size(); ++i) {
       if (slots[p][i].empty()) continue;

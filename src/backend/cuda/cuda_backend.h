@@ -56,12 +56,11 @@ class CudaBackend : public Backend {
   // The host's scores of `seq` to the device, after a selection on the host pooled them (the
   // inverse of sync_scores).
   void upload_scores(int seq, const KvLayout& layout);
-  // Selects on the device the evictions of the listed segments, each the segment i of plan p, into
-  // slots[p][i].
-  void select_on_device(std::span<const EvictionPlan> plans,
-                        const std::vector<std::pair<size_t, size_t>>& listed,
-                        const KvLayout& layout,
-                        std::vector<std::vector<std::vector<int32_t>>>& slots);
+  // Selects and compacts on the device the evictions of the listed segments, each the segment i of
+  // plan p; the evicted slots go to slots[p][i], for the host mirror.
+  void evict_on_device(std::span<const EvictionPlan> plans,
+                       const std::vector<std::pair<size_t, size_t>>& listed, const KvLayout& layout,
+                       std::vector<std::vector<std::vector<int32_t>>>& slots);
   // decode: the step holds at most one token per sequence, so the decode attention kernel (one
   // query per sequence over every retained slot) serves it.
   void attention_block(int layer, const StepPlan& plan, bool decode, bool scoring);

@@ -90,22 +90,23 @@ struct CompactLaunch {
 };
 void launch_compact_kv(const CompactLaunch& launch, cudaStream_t stream);
 
-// Per listed segment: offset of its block table in page_ids, length, keep, sinks, recent_from,
-// and the [begin, end) of its pinned positions in `pinned`.
-inline constexpr int kDecodeEvictParams = 7;
+// Per listed segment: offset of its block table in `ints`, length, keep, sinks, recent_from, the
+// [begin, end) of its pinned positions in `pinned`, and the offset of its length in `ints`.
+inline constexpr int kDecodeEvictParams = 8;
 inline constexpr int kMaxDecodeEvictions = 16;
 struct DecodeEvictLaunch {
-  const TokenMeta* meta;
-  const int32_t* page_ids;
+  uint16_t* pool;
+  TokenMeta* meta;
+  int32_t* ints;          // block tables and lengths
   const int32_t* params;  // [count, kDecodeEvictParams]
   const int32_t* pinned;
-  uint8_t* evict_flags;  // pool-parallel
   int32_t* evicted;      // [count, max_evictions]
   int32_t* num_evicted;  // [count]
   int count;
   int max_evictions;
   int page_size;
+  int head_dim;
 };
-void launch_select_decode_evictions(const DecodeEvictLaunch& launch, cudaStream_t stream);
+void launch_evict_decode(const DecodeEvictLaunch& launch, cudaStream_t stream);
 
 }  // namespace ekva::cuda

@@ -89,24 +89,25 @@ void evict_flagged(const PagedKvLayer& kv, const uint8_t* evict_flags, int64_t p
   launch_compact_kv(launch, stream);
 }
 
-void select_decode_evictions(const TokenMeta* meta, const int32_t* page_ids, int page_size,
-                             const DecodeEvictions& e, cudaStream_t stream) {
+void evict_decode(uint16_t* pool, TokenMeta* meta, int32_t* ints, int page_size, int head_dim,
+                  const DecodeEvictions& e, cudaStream_t stream) {
   if (e.count < 0 || e.max_evictions < 1 || e.max_evictions > kMaxDecodeEvictions ||
-      page_size <= 0) {
+      page_size <= 0 || head_dim <= 0 || head_dim % 8 != 0 || head_dim > 128) {
     fail(ErrorKind::kInvalidArgument,
-         "select_decode_evictions: {} segments, {} evictions each at most (1 to {}), page size {}",
-         e.count, e.max_evictions, kMaxDecodeEvictions, page_size);
+         "evict_decode: {} segments, {} evictions each at most (1 to {}), page size {}, head_dim "
+         "{} (a multiple of 8, at most 128)",
+         e.count, e.max_evictions, kMaxDecodeEvictions, page_size, head_dim);
   }
   if (e.count == 0) return;
-  if (meta == nullptr || page_ids == nullptr || e.params == nullptr || e.pinned == nullptr ||
-      e.evict_flags == nullptr || e.evicted == nullptr || e.num_evicted == nullptr) {
+  if (pool == nullptr || meta == nullptr || ints == nullptr || e.params == nullptr ||
+      e.pinned == nullptr || e.evicted == nullptr || e.num_evicted == nullptr) {
     fail(ErrorKind::kInvalidArgument,
-         "select_decode_evictions: metadata, tables, parameters, pinned positions, flags and "
-         "outputs must be set");
+         "evict_decode: pool, metadata, tables, parameters, pinned positions and outputs must be "
+         "set");
   }
-  launch_select_decode_evictions({meta, page_ids, e.params, e.pinned, e.evict_flags, e.evicted,
-                                  e.num_evicted, e.count, e.max_evictions, page_size},
-                                 stream);
+  launch_evict_decode({pool, meta, ints, e.params, e.pinned, e.evicted, e.num_evicted, e.count,
+                       e.max_evictions, page_size, head_dim},
+                      stream);
 }
 
 }  // namespace ekva::cuda

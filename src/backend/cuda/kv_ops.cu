@@ -285,17 +285,18 @@ __device__ void cta_min(unsigned long long& key, int& slot, unsigned long long* 
 }
 
 // One CTA per listed segment: select_evictions for a table a decode step has outgrown by a few
-// slots. Protected slots (sinks, the recent window, pinned positions) stay; with room for
-// `remaining` candidates, the others go lowest key first (one pass per eviction); with none, every
-// candidate goes.
-__global__ void __launch_bounds__(kEvictThreads)
-    select_decode_evictions_kernel(const DecodeEvictLaunch p) {
+// slots, then KvLayout::evict_slots' compaction of it. Protected slots (sinks, the recent window,
+// pinned positions) stay; with room for `remaining` candidates, the others go lowest key first (one
+// pass per eviction); with none, every candidate goes.
+__global__ void __launch_bounds__(kEvictThreads) evict_decode_kernel(const DecodeEvictLaunch p) {
   __shared__ unsigned long long warp_keys[kEvictThreads / 32];
   __shared__ int warp_slots[kEvictThreads / 32];
   __shared__ int counts[2];  // protected, candidates
   __shared__ int candidates[kMaxDecodeEvictions];
+  __shared__ int holes[kMaxDecodeEvictions], survivors[kMaxDecodeEvictions];
+  __shared__ int num_moves;
   const int32_t* q = p.params + static_cast<int64_t>(blockIdx.x) * kDecodeEvictParams;
-  const int32_t* table = p.page_ids + q[0];
+  const int32_t* table = p.ints + q[0];
   const int length = q[1], keep = q[2], sinks = q[3], recent_from = q[4];
   const int32_t* pinned = p.pinned + q[5];
   const int num_pinned = q[6] - q[5];
@@ -350,18 +351,46 @@ __global__ void __launch_bounds__(kEvictThreads)
       if (threadIdx.x == 0) candidates[e] = slot;
     }
   }
-  if (threadIdx.x != 0) return;
-  for (int e = 1; e < evictions; ++e) {  // ascending slots, as KvLayout::evict_slots takes them
-    const int v = candidates[e];
-    int j = e;
-    for (; j > 0 && candidates[j - 1] > v; --j) candidates[j] = candidates[j - 1];
-    candidates[j] = v;
+  if (threadIdx.x == 0) {
+    for (int e = 1; e < evictions; ++e) {  // ascending slots, as KvLayout::evict_slots takes them
+      const int v = candidates[e];
+      int j = e;
+      for (; j > 0 && candidates[j - 1] > v; --j) candidates[j] = candidates[j - 1];
+      candidates[j] = v;
+    }
+    for (int e = 0; e < evictions; ++e) out[e] = candidates[e];
+    p.num_evicted[blockIdx.x] = evictions;
+    // The evicted slots below the new length are the holes; the slots at or past it that stay
+    // fill them in ascending order (the evicted ones there are the tail of the sorted list).
+    const int kept = length - evictions;
+    int tail = 0;
+    while (tail < evictions && candidates[tail] < kept) ++tail;
+    int listed = tail, survivor = kept;
+    for (int h = 0; h < tail; ++h) {
+      while (listed < evictions && candidates[listed] == survivor) {
+        ++listed;
+        ++survivor;
+      }
+      holes[h] = candidates[h];
+      survivors[h] = survivor++;
+    }
+    num_moves = tail;
+    p.ints[q[7]] = kept;
   }
-  for (int e = 0; e < evictions; ++e) {
-    out[e] = candidates[e];
-    p.evict_flags[pool_row(table, candidates[e], p.page_size)] = 1;
+  __syncthreads();
+  // A move's K and V rows in 16-byte chunks, a thread per chunk; holes and survivors are distinct
+  // slots, so the moves are independent.
+  const int chunks = p.head_dim / 8;
+  for (int i = threadIdx.x; i < num_moves * 2 * chunks; i += blockDim.x) {
+    const int move = i / (2 * chunks), chunk = i % (2 * chunks);
+    const int64_t dst = pool_row(table, holes[move], p.page_size);
+    const int64_t src = pool_row(table, survivors[move], p.page_size);
+    const int64_t shift = (chunk >= chunks ? static_cast<int64_t>(p.page_size) * p.head_dim : 0) +
+                          (chunk % chunks) * 8;
+    *reinterpret_cast<uint4*>(p.pool + key_offset(dst, p.page_size, p.head_dim) + shift) =
+        *reinterpret_cast<const uint4*>(p.pool + key_offset(src, p.page_size, p.head_dim) + shift);
+    if (chunk == 0) p.meta[dst] = p.meta[src];
   }
-  p.num_evicted[blockIdx.x] = evictions;
 }
 
 __global__ void add_scores_kernel(TokenMeta* meta, const float* delta, int64_t rows) {
@@ -417,8 +446,8 @@ void launch_compact_kv(const CompactLaunch& launch, cudaStream_t stream) {
                      kCopyThreads, 0, stream, launch);
 }
 
-void launch_select_decode_evictions(const DecodeEvictLaunch& launch, cudaStream_t stream) {
-  select_decode_evictions_kernel<<<launch.count, kEvictThreads, 0, stream>>>(launch);
+void launch_evict_decode(const DecodeEvictLaunch& launch, cudaStream_t stream) {
+  evict_decode_kernel<<<launch.count, kEvictThreads, 0, stream>>>(launch);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -42,20 +42,26 @@ void evict_flagged(const PagedKvLayer& kv, const uint8_t* evict_flags, int64_t p
 // A decode step's evictions: segments of any layers and sequences, each as a SegmentEviction
 // without group quotas describes it, selected exactly as select_evictions selects (ties included)
 // when a table has outgrown its keep by at most max_evictions candidates (a decode step adds one
-// slot per table).
+// slot per table), and compacted at once as KvLayout::evict_slots compacts (the survivors past the
+// new length fill the holes below it, in ascending order): pool rows, metadata and length. One
+// launch for the whole step, where a selection then evict_flagged took one pass over every table
+// of every layer.
 struct DecodeEvictions {
-  // [count, 7]: the offset of the segment's block table in page_ids, its length, keep, sinks,
-  // recent_from, and the [begin, end) of its pinned positions (ascending) in `pinned`.
+  // [count, 8]: the offset of the segment's block table in `ints`, its length, keep, sinks,
+  // recent_from, the [begin, end) of its pinned positions (ascending) in `pinned`, and the offset
+  // of its length in `ints` (lowered to what it keeps).
   const int32_t* params = nullptr;
   const int32_t* pinned = nullptr;
   int count = 0;
   int max_evictions = 0;           // at most kMaxDecodeEvictions (16)
-  uint8_t* evict_flags = nullptr;  // pool-parallel, zero where nothing is evicted: set to 1
   int32_t* evicted = nullptr;      // [count, max_evictions]: the evicted slots, ascending
   int32_t* num_evicted = nullptr;  // [count]: how many; -1 where more than max_evictions would go
+                                   // (that segment is left as it was)
 };
-void select_decode_evictions(const TokenMeta* meta, const int32_t* page_ids, int page_size,
-                             const DecodeEvictions& evictions, cudaStream_t stream);
+// `ints` holds the block tables and lengths (as CudaBackend uploads them: PagedKvLayer's arrays
+// of every layer in one buffer); pool and meta are the layers' shared pool and its metadata.
+void evict_decode(uint16_t* pool, TokenMeta* meta, int32_t* ints, int page_size, int head_dim,
+                  const DecodeEvictions& evictions, cudaStream_t stream);
 
 // The retention scores of the pool-parallel metadata: meta[r].score += delta[r] for r < rows, as
 // the CPU backend adds a step's scores; a copy of some rows' scores out, and in. (Defined beside

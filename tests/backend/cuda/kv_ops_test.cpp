@@ -127,6 +127,35 @@ TEST_F(KvOpsTest, AppendAppliesRopeLikeCpu) {
   }
 }
 
+// The device layer's pool rows, metadata and `lengths` (one per segment) are the host cache's
+// layer 0, slot by slot (K and V rounded to bf16 as the mirror stores them).
+void expect_layer_equals_cache(DeviceKvLayer& kv, const std::vector<int32_t>& lengths,
+                               testing::HostKv& cache, int num_sequences, int num_kv_heads) {
+  const int page_size = kv.view().page_size, head_dim = kv.view().head_dim;
+  const std::vector<uint16_t> pool = kv.pool().download();
+  const std::vector<TokenMeta> meta = kv.meta().download();
+  for (int s = 0; s < num_sequences; ++s) {
+    for (int h = 0; h < num_kv_heads; ++h) {
+      const HeadTable& t = cache.table(s, 0, h);
+      ASSERT_EQ(lengths[static_cast<size_t>(s) * num_kv_heads + h], t.size());
+      for (int slot = 0; slot < t.size(); ++slot) {
+        const size_t page = t.pages[slot / page_size];
+        const size_t key = (page * 2 * page_size + slot % page_size) * head_dim;
+        const float* k = cache.key(s, 0, h, slot);
+        const float* v = cache.value(s, 0, h, slot);
+        for (int j = 0; j < head_dim; ++j) {
+          ASSERT_EQ(pool[key + j], f32_to_bf16(k[j])) << "seq " << s << " slot " << slot;
+          ASSERT_EQ(pool[key + static_cast<size_t>(page_size) * head_dim + j], f32_to_bf16(v[j]));
+        }
+        const TokenMeta& m = meta[page * page_size + slot % page_size];
+        EXPECT_EQ(m.position, t.meta[slot].position);
+        EXPECT_EQ(m.expert, t.meta[slot].expert);
+        EXPECT_EQ(m.score, t.meta[slot].score);
+      }
+    }
+  }
+}
+
 TEST_F(KvOpsTest, EvictFlaggedMatchesKvLayoutEvictFlagged) {
   const bool small = testing::small_sizes();
   // Page sizes below, at and above a warp's 32 slots; segments longer than one round of the plan
@@ -172,36 +201,15 @@ TEST_F(KvOpsTest, EvictFlaggedMatchesKvLayoutEvictFlagged) {
                   nullptr);
     EKVA_CUDA_CHECK(cudaDeviceSynchronize());
 
-    const std::vector<uint16_t> pool = kv.pool().download();
-    const std::vector<TokenMeta> meta = kv.meta().download();
-    const std::vector<int32_t> new_lengths = kv.lengths().download();
-    for (int s = 0; s < num_sequences; ++s) {
-      for (int h = 0; h < num_kv_heads; ++h) {
-        const HeadTable& t = cache.table(s, 0, h);
-        ASSERT_EQ(new_lengths[static_cast<size_t>(s) * num_kv_heads + h], t.size());
-        for (int slot = 0; slot < t.size(); ++slot) {
-          const size_t page = t.pages[slot / page_size];
-          const size_t key = (page * 2 * page_size + slot % page_size) * head_dim;
-          const float* k = cache.key(s, 0, h, slot);
-          const float* v = cache.value(s, 0, h, slot);
-          for (int j = 0; j < head_dim; ++j) {
-            ASSERT_EQ(pool[key + j], f32_to_bf16(k[j])) << "seq " << s << " slot " << slot;
-            ASSERT_EQ(pool[key + static_cast<size_t>(page_size) * head_dim + j], f32_to_bf16(v[j]));
-          }
-          const TokenMeta& m = meta[page * page_size + slot % page_size];
-          EXPECT_EQ(m.position, t.meta[slot].position);
-          EXPECT_EQ(m.expert, t.meta[slot].expert);
-          EXPECT_EQ(m.score, t.meta[slot].score);
-        }
-      }
-    }
+    expect_layer_equals_cache(kv, kv.lengths().download(), cache, num_sequences, num_kv_heads);
   }
 }
 
-// A decode step's evictions selected on the device are the reference's (select_evictions): tables
-// up to a few slots over their keep, in scrambled position order, with sinks, a recent window,
-// pinned positions and tied scores; where more would go than the call allows, it says so.
-TEST_F(KvOpsTest, SelectDecodeEvictionsEqualTheReference) {
+// A decode step's evictions on the device select what the reference selects (select_evictions)
+// and leave the layer as KvLayout::evict_flagged leaves it: tables up to a few slots over their
+// keep, in scrambled position order, with sinks, a recent window, pinned positions and tied
+// scores; where more would go than the call allows, it says so and leaves the table alone.
+TEST_F(KvOpsTest, EvictDecodeEqualsTheReference) {
   const bool small = testing::small_sizes();
   std::mt19937 rng(5);
   const int num_sequences = small ? 2 : 5, num_kv_heads = 3, head_dim = 64, page_size = 16;
@@ -218,64 +226,69 @@ TEST_F(KvOpsTest, SelectDecodeEvictionsEqualTheReference) {
     }
   }
   DeviceKvLayer kv(cache.layout, cache.pages, 0);
+  // The block tables, then the lengths, in one buffer as CudaBackend keeps them.
+  std::vector<int32_t> ints;
+  std::vector<int32_t> table_at;
+  for (int segment = 0; segment < num_sequences * num_kv_heads; ++segment) {
+    const HeadTable& t = cache.table(segment / num_kv_heads, 0, segment % num_kv_heads);
+    table_at.push_back(static_cast<int32_t>(ints.size()));
+    ints.insert(ints.end(), t.pages.begin(), t.pages.end());
+  }
+  const int32_t lengths_at = static_cast<int32_t>(ints.size());
+  ints.insert(ints.end(), lengths.begin(), lengths.end());
   std::vector<SegmentEviction> segments;
   std::vector<int> segment_of;
   std::vector<int32_t> params, pinned;
-  int32_t table_offset = 0;
-  for (int s = 0; s < num_sequences; ++s) {
-    for (int h = 0; h < num_kv_heads; ++h) {
-      const HeadTable& t = cache.table(s, 0, h);
-      const int32_t offset = table_offset;
-      table_offset += static_cast<int32_t>(t.pages.size());
-      if (t.size() == 0) continue;
-      SegmentEviction e;
-      e.kv_head = h;
-      e.keep = std::max(0, t.size() - std::uniform_int_distribution<int>(0, 5)(rng));
-      e.sinks = std::uniform_int_distribution<int>(0, 4)(rng);
-      e.recent_from = t.size() - std::uniform_int_distribution<int>(0, 30)(rng);
-      std::uniform_int_distribution<int> position(0, t.size() - 1);
-      for (int i = std::uniform_int_distribution<int>(0, 3)(rng); i > 0; --i)
-        e.pinned.push_back(position(rng));
-      std::sort(e.pinned.begin(), e.pinned.end());
-      e.pinned.erase(std::unique(e.pinned.begin(), e.pinned.end()), e.pinned.end());
-      params.insert(params.end(), {offset, t.size(), e.keep, e.sinks, e.recent_from,
-                                   static_cast<int32_t>(pinned.size()),
-                                   static_cast<int32_t>(pinned.size() + e.pinned.size())});
-      pinned.insert(pinned.end(), e.pinned.begin(), e.pinned.end());
-      segments.push_back(e);
-      segment_of.push_back(s * num_kv_heads + h);
-    }
+  for (int segment = 0; segment < num_sequences * num_kv_heads; ++segment) {
+    const HeadTable& t = cache.table(segment / num_kv_heads, 0, segment % num_kv_heads);
+    if (t.size() == 0) continue;
+    SegmentEviction e;
+    e.kv_head = segment % num_kv_heads;
+    e.keep = std::max(0, t.size() - std::uniform_int_distribution<int>(0, 5)(rng));
+    e.sinks = std::uniform_int_distribution<int>(0, 4)(rng);
+    e.recent_from = t.size() - std::uniform_int_distribution<int>(0, 30)(rng);
+    std::uniform_int_distribution<int> position(0, t.size() - 1);
+    for (int i = std::uniform_int_distribution<int>(0, 3)(rng); i > 0; --i)
+      e.pinned.push_back(position(rng));
+    std::sort(e.pinned.begin(), e.pinned.end());
+    e.pinned.erase(std::unique(e.pinned.begin(), e.pinned.end()), e.pinned.end());
+    params.insert(params.end(),
+                  {table_at[segment], t.size(), e.keep, e.sinks, e.recent_from,
+                   static_cast<int32_t>(pinned.size()),
+                   static_cast<int32_t>(pinned.size() + e.pinned.size()), lengths_at + segment});
+    pinned.insert(pinned.end(), e.pinned.begin(), e.pinned.end());
+    segments.push_back(e);
+    segment_of.push_back(segment);
   }
   pinned.push_back(0);  // never empty
   const int count = static_cast<int>(segments.size());
-  DeviceBuffer<int32_t> params_d{std::span<const int32_t>(params)},
-      pinned_d{std::span<const int32_t>(pinned)},
+  DeviceBuffer<int32_t> ints_d{std::span<const int32_t>(ints)},
+      params_d{std::span<const int32_t>(params)}, pinned_d{std::span<const int32_t>(pinned)},
       evicted_d{std::span<const int32_t>(std::vector<int32_t>(count * kMaxEvictions, -7))},
       counts_d{std::span<const int32_t>(std::vector<int32_t>(count, -7))};
-  DeviceBuffer<uint8_t> flags_d{std::span<const uint8_t>(std::vector<uint8_t>(kv.pool_rows(), 0))};
   DecodeEvictions e;
   e.params = params_d.data();
   e.pinned = pinned_d.data();
   e.count = count;
   e.max_evictions = kMaxEvictions;
-  e.evict_flags = flags_d.data();
   e.evicted = evicted_d.data();
   e.num_evicted = counts_d.data();
-  select_decode_evictions(kv.meta().data(), kv.view().page_ids, page_size, e, nullptr);
+  evict_decode(kv.pool().data(), kv.meta().data(), ints_d.data(), page_size, head_dim, e, nullptr);
   EKVA_CUDA_CHECK(cudaDeviceSynchronize());
   const std::vector<int32_t> evicted = evicted_d.download(), counts = counts_d.download();
-  const std::vector<uint8_t> flags = flags_d.download();
   int checked_selections = 0, refused = 0;
+  std::vector<std::vector<uint8_t>> wanted(count);
   for (int i = 0; i < count; ++i) {
     const HeadTable& t = cache.table(segment_of[i] / num_kv_heads, 0, segment_of[i] % num_kv_heads);
-    const std::vector<uint8_t> want = select_evictions(t, segments[i]);
+    wanted[i] = select_evictions(t, segments[i]);
     std::vector<int32_t> want_slots;
     for (int slot = 0; slot < t.size(); ++slot) {
-      if (want[slot] != 0) want_slots.push_back(slot);
+      if (wanted[i][slot] != 0) want_slots.push_back(slot);
     }
     SCOPED_TRACE(::testing::Message() << "segment " << segment_of[i] << " of " << t.size());
     if (static_cast<int>(want_slots.size()) > kMaxEvictions) {
       EXPECT_EQ(counts[i], -1);
+      wanted[i].assign(t.size(), 0);  // left as it was
       ++refused;
       continue;
     }
@@ -283,15 +296,16 @@ TEST_F(KvOpsTest, SelectDecodeEvictionsEqualTheReference) {
     EXPECT_EQ(std::vector<int32_t>(evicted.begin() + i * kMaxEvictions,
                                    evicted.begin() + i * kMaxEvictions + counts[i]),
               want_slots);
-    for (int slot = 0; slot < t.size(); ++slot) {
-      const size_t row =
-          static_cast<size_t>(t.pages[slot / page_size]) * page_size + slot % page_size;
-      ASSERT_EQ(flags[row], want[slot]) << "slot " << slot;
-    }
     checked_selections += want_slots.empty() ? 0 : 1;
   }
   EXPECT_GT(checked_selections, 0);
   RecordProperty("refused", refused);
+  for (int i = 0; i < count; ++i) {
+    cache.evict_flagged(segment_of[i] / num_kv_heads, 0, segment_of[i] % num_kv_heads, wanted[i]);
+  }
+  const std::vector<int32_t> after = ints_d.download();
+  expect_layer_equals_cache(kv, std::vector<int32_t>(after.begin() + lengths_at, after.end()),
+                            cache, num_sequences, num_kv_heads);
 }
 
 TEST(KvOpsHostTest, RejectsBadArguments) {
@@ -301,11 +315,14 @@ TEST(KvOpsHostTest, RejectsBadArguments) {
   DecodeEvictions too_many;
   too_many.count = 1;
   too_many.max_evictions = kMaxDecodeEvictions + 1;
-  EXPECT_THROW(select_decode_evictions(nullptr, nullptr, 16, too_many, nullptr), Error);
+  EXPECT_THROW(evict_decode(nullptr, nullptr, nullptr, 16, 64, too_many, nullptr), Error);
   DecodeEvictions unset;
   unset.count = 1;
   unset.max_evictions = 1;
-  EXPECT_THROW(select_decode_evictions(nullptr, nullptr, 16, unset, nullptr), Error);
+  EXPECT_THROW(evict_decode(nullptr, nullptr, nullptr, 16, 64, unset, nullptr), Error);
+  DecodeEvictions odd_rows;
+  odd_rows.max_evictions = 1;
+  EXPECT_THROW(evict_decode(nullptr, nullptr, nullptr, 16, 60, odd_rows, nullptr), Error);
 }
 
 }  // namespace
