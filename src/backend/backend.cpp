@@ -38,16 +38,9 @@ StepPlan plan_step(const ModelSpec& spec, const ForwardBatch& batch, KvLayout& l
   p.num_sequences = layout.num_sequences();
   p.num_kv_heads = spec.num_kv_heads;
   const int H = spec.num_kv_heads;
-  p.slots.resize(static_cast<size_t>(spec.num_layers) * n * H);
+  layout.append_step(batch.seq, batch.pos, p.slots);
   p.lengths.assign(static_cast<size_t>(spec.num_layers) * p.num_sequences * H, 0);
   for (int l = 0; l < spec.num_layers; ++l) {
-    for (int t = 0; t < n; ++t) {
-      for (int h = 0; h < H; ++h) {
-        TokenMeta meta;
-        meta.position = batch.pos[t];
-        p.slots[(static_cast<size_t>(l) * n + t) * H + h] = layout.append(batch.seq[t], l, h, meta);
-      }
-    }
     for (int t = 0; t < n; ++t) {
       for (int h = 0; h < H; ++h) {
         p.lengths[(static_cast<size_t>(l) * p.num_sequences + batch.seq[t]) * H + h] =

@@ -65,6 +65,49 @@ int KvLayout::append(int seq, int layer, int kv_head, TokenMeta meta) {
   return slot;
 }
 
+void KvLayout::append_step(const std::vector<int32_t>& seq, const std::vector<int32_t>& pos,
+                           std::vector<int32_t>& slots) {
+  const int n = static_cast<int>(seq.size()), L = num_layers_, H = num_kv_heads_;
+  slots.resize(static_cast<size_t>(L) * n * H);
+  // The pages, in append's order; a token's slot counts the step's earlier tokens of its sequence.
+  // When the capacity runs out, the pages taken so far go back: the step leaves no trace.
+  std::vector<int32_t> earlier(num_sequences_, 0);
+  std::vector<HeadTable*> grown;
+  try {
+    for (int l = 0; l < L; ++l) {
+      for (int t = 0; t < n; ++t) {
+        for (int h = 0; h < H; ++h) {
+          HeadTable& table = this->table(seq[t], l, h);
+          const int slot = table.size() + earlier[seq[t]];
+          if (slot % page_size() == 0) {
+            table.pages.push_back(allocate_page());
+            grown.push_back(&table);
+          }
+          slots[(static_cast<size_t>(l) * n + t) * H + h] = slot;
+        }
+        ++earlier[seq[t]];
+      }
+      for (int t = 0; t < n; ++t) earlier[seq[t]] = 0;
+    }
+  } catch (const Error&) {
+    for (auto it = grown.rbegin(); it != grown.rend(); ++it) {
+      release_page((*it)->pages.back());
+      (*it)->pages.pop_back();
+    }
+    throw;
+  }
+  const int units = L * H;
+#pragma omp parallel for schedule(static) if (static_cast<int64_t>(n) * units >= kParallelTables)
+  for (int u = 0; u < units; ++u) {
+    const int l = u / H, h = u % H;
+    for (int t = 0; t < n; ++t) {
+      TokenMeta meta;
+      meta.position = pos[t];
+      table(seq[t], l, h).meta.push_back(meta);
+    }
+  }
+}
+
 std::vector<RowMove> KvLayout::evict_flagged(int seq, int layer, int kv_head,
                                              const std::vector<uint8_t>& flags) {
   const HeadTable& t = table(seq, layer, kv_head);
@@ -79,38 +122,66 @@ std::vector<RowMove> KvLayout::evict_flagged(int seq, int layer, int kv_head,
   return evict_slots(seq, layer, kv_head, slots);
 }
 
-std::vector<RowMove> KvLayout::evict_slots(int seq, int layer, int kv_head,
-                                           const std::vector<int32_t>& slots) {
-  HeadTable& t = table(seq, layer, kv_head);
-  for (size_t i = 0; i < slots.size(); ++i) {
+void KvLayout::check_slots(const HeadTable& t, const int32_t* slots, int num_slots) {
+  for (int i = 0; i < num_slots; ++i) {
     if (slots[i] < 0 || slots[i] >= t.size() || (i > 0 && slots[i] <= slots[i - 1])) {
       fail(ErrorKind::kInvalidArgument,
            "evict: slot {} (entry {}) is out of the table's {} slots or out of ascending order",
            slots[i], i, t.size());
     }
   }
-  const int kept = t.size() - static_cast<int>(slots.size());
+}
+
+void KvLayout::compact(HeadTable& t, const int32_t* slots, int num_slots,
+                       std::vector<RowMove>* moves) const {
+  const int32_t* end = slots + num_slots;
+  const int kept = t.size() - num_slots;
   // The listed slots below kept are the holes; the survivors at or past kept are the slots there
   // that are not listed (the listed ones there are the tail of `slots`).
-  const auto tail = std::lower_bound(slots.begin(), slots.end(), kept);
-  auto next_listed = tail;
-  std::vector<RowMove> moves;
+  const int32_t* tail = std::lower_bound(slots, end, kept);
+  const int32_t* next_listed = tail;
   int survivor = kept;
-  for (auto hole = slots.begin(); hole != tail; ++hole) {
-    while (next_listed != slots.end() && *next_listed == survivor) {
+  for (const int32_t* hole = slots; hole != tail; ++hole) {
+    while (next_listed != end && *next_listed == survivor) {
       ++next_listed;
       ++survivor;
     }
-    moves.push_back({address(t, survivor), address(t, *hole)});
+    if (moves != nullptr) moves->push_back({address(t, survivor), address(t, *hole)});
     t.meta[*hole] = t.meta[survivor++];
   }
   t.meta.resize(kept);
-  const size_t pages = (static_cast<size_t>(kept) + page_size() - 1) / page_size();
+}
+
+void KvLayout::release_surplus_pages(HeadTable& t) {
+  const size_t pages = (t.meta.size() + page_size() - 1) / page_size();
   while (t.pages.size() > pages) {
     release_page(t.pages.back());
     t.pages.pop_back();
   }
+}
+
+std::vector<RowMove> KvLayout::evict_slots(int seq, int layer, int kv_head,
+                                           const std::vector<int32_t>& slots) {
+  HeadTable& t = table(seq, layer, kv_head);
+  const int n = static_cast<int>(slots.size());
+  check_slots(t, slots.data(), n);
+  std::vector<RowMove> moves;
+  compact(t, slots.data(), n, &moves);
+  release_surplus_pages(t);
   return moves;
+}
+
+void KvLayout::mirror_evictions(const std::vector<TableEviction>& evictions) {
+  for (const TableEviction& e : evictions) {
+    check_slots(table(e.seq, e.layer, e.kv_head), e.slots, e.num_slots);
+  }
+  const int64_t n = static_cast<int64_t>(evictions.size());
+#pragma omp parallel for schedule(static) if (n >= kParallelTables)
+  for (int64_t i = 0; i < n; ++i) {
+    const TableEviction& e = evictions[i];
+    compact(table(e.seq, e.layer, e.kv_head), e.slots, e.num_slots, nullptr);
+  }
+  for (const TableEviction& e : evictions) release_surplus_pages(table(e.seq, e.layer, e.kv_head));
 }
 
 void KvLayout::clear_sequence(int seq) {

@@ -43,6 +43,19 @@ struct KvFormat {
   DType dtype = DType::kF32;  // element type of the stored K and V (kF32 or kBF16)
 };
 
+// From this many tables on, a step's per-table bookkeeping runs on all threads; below it, starting
+// them would cost more than the memory waits they hide.
+inline constexpr int64_t kParallelTables = 1024;
+
+// The slots (ascending, distinct) one table loses in a compaction made elsewhere (on a device).
+struct TableEviction {
+  int seq = 0;
+  int layer = 0;
+  int kv_head = 0;
+  const int32_t* slots = nullptr;  // (this header is also compiled as C++17, without std::span)
+  int num_slots = 0;
+};
+
 class KvLayout {
  public:
   // capacity_pages 0: room for every sequence's every (layer, KV head) at the model's full context.
@@ -73,6 +86,13 @@ class KvLayout {
   // Adds one token's slot at the end of the table, taking a page when the last one is full;
   // throws kOutOfMemory when the capacity is used up. Returns the slot.
   int append(int seq, int layer, int kv_head, TokenMeta meta);
+  // A forward step's appends: for every layer, token and KV head, as append(seq[t], layer, head,
+  // {pos[t]}) in that order (the same slots and pages), with the slot of each at
+  // slots[(layer * tokens + t) * kv_heads + head]. Pages are taken on one thread, in that order;
+  // the metadata is written on all threads, a (layer, KV head) each, because at serving batch
+  // sizes every table's tail is a separate place in memory that one thread would wait on in turn.
+  void append_step(const std::vector<int32_t>& seq, const std::vector<int32_t>& pos,
+                   std::vector<int32_t>& slots);
   // Removes every slot whose flag is non-zero (one flag per slot) at once. With kept = the slots
   // left, the i-th flagged slot below kept receives the i-th unflagged slot at or past kept, both
   // in ascending order: only those survivors move, each move independent of the others, so a
@@ -84,6 +104,10 @@ class KvLayout {
   // time proportional to the slots listed rather than the table.
   std::vector<RowMove> evict_slots(int seq, int layer, int kv_head,
                                    const std::vector<int32_t>& slots);
+  // The metadata side of evict_slots for compactions a device already made on its rows, for
+  // distinct tables at once: the tables are worked through on all threads (as append_step's), then
+  // emptied pages are released in list order.
+  void mirror_evictions(const std::vector<TableEviction>& evictions);
   void clear_sequence(int seq);
 
   // Tokens processed so far per sequence: the position the next token gets.
@@ -106,6 +130,12 @@ class KvLayout {
   }
   int32_t allocate_page();
   void release_page(int32_t page);
+  // Throws kInvalidArgument unless `slots` are ascending, distinct slots of `t`.
+  static void check_slots(const HeadTable& t, const int32_t* slots, int num_slots);
+  // evict_slots' metadata moves, and its row moves where `moves` is set.
+  void compact(HeadTable& t, const int32_t* slots, int num_slots,
+               std::vector<RowMove>* moves) const;
+  void release_surplus_pages(HeadTable& t);
 
   int num_sequences_;
   int num_layers_;

@@ -183,6 +183,124 @@ TEST(KvLayout, TableVersionChangesWithPagesNotWithSlots) {
   EXPECT_NE(cache.layout.table_version(), before);
 }
 
+// The tables, pages and free list of two layouts are the same.
+void expect_same_layout(const KvLayout& a, const KvLayout& b) {
+  ASSERT_EQ(a.pages_in_use(), b.pages_in_use());
+  for (int s = 0; s < a.num_sequences(); ++s) {
+    EXPECT_EQ(a.next_position(s), b.next_position(s));
+    for (int l = 0; l < a.num_layers(); ++l) {
+      for (int h = 0; h < a.num_kv_heads(); ++h) {
+        const HeadTable &x = a.table(s, l, h), &y = b.table(s, l, h);
+        EXPECT_EQ(x.pages, y.pages) << s << " " << l << " " << h;
+        ASSERT_EQ(x.size(), y.size());
+        for (int i = 0; i < x.size(); ++i) EXPECT_EQ(x.meta[i].position, y.meta[i].position);
+      }
+    }
+  }
+}
+
+// A step's appends at once, with enough tables to go on all threads, take the slots and pages
+// append takes token by token, also for a sequence with several tokens in the step.
+TEST(KvLayout, AppendStepEqualsAppendingEachToken) {
+  const ModelSpec s = shape(9, 8, 4);  // 72 tables per sequence
+  KvLayout one(s, 20, KvFormat{4, DType::kF32}), step(s, 20, KvFormat{4, DType::kF32});
+  std::mt19937 rng(3);
+  for (int round = 0; round < 6; ++round) {
+    std::vector<int32_t> seq, pos;
+    for (int q = 0; q < 20; ++q) {
+      const int tokens = round == 0 ? 1 + static_cast<int>(rng() % 7) : 1;
+      for (int i = 0; i < tokens; ++i) {
+        seq.push_back(q);
+        pos.push_back(one.next_position(q) + i);
+      }
+    }
+    std::vector<int32_t> expected(static_cast<size_t>(9) * seq.size() * 8);
+    for (int l = 0; l < 9; ++l) {
+      for (size_t t = 0; t < seq.size(); ++t) {
+        for (int h = 0; h < 8; ++h) {
+          TokenMeta m;
+          m.position = pos[t];
+          expected[(l * seq.size() + t) * 8 + h] = one.append(seq[t], l, h, m);
+        }
+      }
+    }
+    std::vector<int32_t> slots;
+    step.append_step(seq, pos, slots);
+    EXPECT_EQ(slots, expected);
+    for (size_t t = 0; t < seq.size(); ++t) {
+      if (pos[t] + 1 > one.next_position(seq[t])) {
+        one.advance(seq[t], pos[t] + 1 - one.next_position(seq[t]));
+        step.advance(seq[t], pos[t] + 1 - step.next_position(seq[t]));
+      }
+    }
+    expect_same_layout(one, step);
+  }
+}
+
+// A step that runs out of pages takes none: the layout is as it was before it.
+TEST(KvLayout, AppendStepThatRunsOutOfPagesLeavesNoTrace) {
+  const ModelSpec s = shape(2, 2, 4);
+  KvLayout layout(s, 2, KvFormat{4, DType::kF32}, /*capacity_pages=*/12);
+  std::vector<int32_t> slots;
+  layout.append_step({0, 1}, {0, 0}, slots);  // 8 tables, a page each; 4 pages left
+  const size_t pages = layout.pages_in_use();
+  const uint64_t version = layout.table_version();
+  EXPECT_THROW(layout.append_step({0, 0, 0, 0, 1, 1, 1, 1}, {1, 2, 3, 4, 1, 2, 3, 4}, slots),
+               Error);
+  EXPECT_EQ(layout.pages_in_use(), pages);
+  EXPECT_NE(layout.table_version(), version);  // pages came and went
+  for (int q = 0; q < 2; ++q) {
+    for (int l = 0; l < 2; ++l) {
+      for (int h = 0; h < 2; ++h) {
+        EXPECT_EQ(layout.table(q, l, h).size(), 1);
+        EXPECT_EQ(layout.table(q, l, h).pages.size(), 1u);
+      }
+    }
+  }
+  layout.append_step({0, 0, 0, 0}, {1, 2, 3, 4}, slots);  // the 4 pages left serve it
+  EXPECT_EQ(layout.pages_in_use(), pages + 4);
+}
+
+// The mirror of many tables' device compactions leaves what evict_slots leaves table by table,
+// pages released included; a bad list is refused before any table changes.
+TEST(KvLayout, MirrorEvictionsEqualsEvictSlotsPerTable) {
+  const ModelSpec s = shape(8, 8, 4);
+  KvLayout a(s, 20, KvFormat{4, DType::kF32}), b(s, 20, KvFormat{4, DType::kF32});
+  std::mt19937 rng(5);
+  for (int q = 0; q < 20; ++q) {
+    std::vector<int32_t> seq(30, q), pos(30), slots;
+    for (int i = 0; i < 30; ++i) pos[i] = i;
+    a.append_step(seq, pos, slots);
+    b.append_step(seq, pos, slots);
+  }
+  std::vector<std::vector<int32_t>> lists;
+  std::vector<TableEviction> evictions;
+  for (int q = 0; q < 20; ++q) {
+    for (int l = 0; l < 8; ++l) {
+      for (int h = 0; h < 8; ++h) {
+        std::vector<int32_t> list;
+        for (int i = 0; i < 30; ++i) {
+          if (rng() % 3 == 0) list.push_back(i);
+        }
+        a.evict_slots(q, l, h, list);
+        lists.push_back(std::move(list));
+        evictions.push_back({q, l, h, nullptr, 0});
+      }
+    }
+  }
+  for (size_t i = 0; i < evictions.size(); ++i) {
+    evictions[i].slots = lists[i].data();
+    evictions[i].num_slots = static_cast<int>(lists[i].size());
+  }
+  std::vector<TableEviction> bad = evictions;
+  const int32_t out_of_order[] = {2, 1};
+  bad.back() = {19, 7, 7, out_of_order, 2};
+  EXPECT_THROW(b.mirror_evictions(bad), Error);
+  EXPECT_EQ(b.table(0, 0, 0).size(), 30);
+  b.mirror_evictions(evictions);
+  expect_same_layout(a, b);
+}
+
 // Attention over a ragged, evicted, unordered table equals dense softmax attention over the kept
 // tokens.
 TEST(KvLayout, RaggedAttentionEqualsDenseAttentionOverKeptTokens) {

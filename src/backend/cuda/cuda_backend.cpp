@@ -596,7 +596,12 @@ std::vector<float> CudaBackend::run(const StepPlan& plan, KvLayout& layout,
                                     cudaMemcpyDeviceToHost, stream_));
   }
   EKVA_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  for (const auto& [layer, index] : routed_on_device_) {
+  // Each layer's tables are its own, so the layers are recorded in parallel (see kParallelTables).
+  const int routed_layers = static_cast<int>(routed_on_device_.size());
+#pragma omp parallel for schedule(static) \
+    if (static_cast<int64_t>(routed_layers) * n * s.num_kv_heads >= kParallelTables)
+  for (int i = 0; i < routed_layers; ++i) {
+    const auto [layer, index] = routed_on_device_[i];
     record_routing(layer, plan, layout, experts.data() + static_cast<size_t>(index) * n * s.top_k);
   }
   return logits;
@@ -666,8 +671,8 @@ void CudaBackend::upload_scores(int seq, const KvLayout& layout) {
 
 void CudaBackend::evict_on_device(std::span<const EvictionPlan> plans,
                                   const std::vector<std::pair<size_t, size_t>>& listed,
-                                  const KvLayout& layout,
-                                  std::vector<std::vector<std::vector<int32_t>>>& slots) {
+                                  const KvLayout& layout, std::vector<int32_t>& result,
+                                  std::vector<TableEviction>& evicted) {
   const int H = layout.num_kv_heads(), S = layout.num_sequences();
   const int max_evictions = kMaxDecodeEvictions;
   std::vector<int32_t> params, pinned;
@@ -701,7 +706,7 @@ void CudaBackend::evict_on_device(std::span<const EvictionPlan> plans,
   e.num_evicted = ints + out + count * max_evictions;
   evict_decode(pool_.data(), meta_.data(), ints_.data(), layout.page_size(), layout.head_dim(), e,
                stream_);
-  std::vector<int32_t> result(count * (max_evictions + 1));
+  result.resize(count * (max_evictions + 1));
   EKVA_CUDA_CHECK(cudaMemcpyAsync(result.data(), e.evicted, result.size() * sizeof(int32_t),
                                   cudaMemcpyDeviceToHost, stream_));
   EKVA_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -711,8 +716,10 @@ void CudaBackend::evict_on_device(std::span<const EvictionPlan> plans,
       fail(ErrorKind::kInvalidArgument, "decode eviction: segment {} needs more than {} evictions",
            j, max_evictions);
     }
-    const int32_t* first = result.data() + j * max_evictions;
-    slots[listed[j].first][listed[j].second].assign(first, first + n);
+    if (n == 0) continue;
+    const EvictionPlan& plan = plans[listed[j].first];
+    const SegmentEviction& s = plan.segments[listed[j].second];
+    evicted.push_back({plan.seq, s.layer, s.kv_head, result.data() + j * max_evictions, n});
   }
 }
 
@@ -724,13 +731,12 @@ void CudaBackend::apply_all(std::span<const EvictionPlan> plans, KvLayout& layou
   // compression), is selected on the host over the scores sync_scores brought there, whose pooled
   // values then go back to the device, and its flagged slots are compacted a layer at a time.
   upload_tables(layout);
-  std::vector<std::vector<std::vector<int32_t>>> slots(plans.size());
+  std::vector<std::vector<std::vector<int32_t>>> slots(plans.size());  // host-selected plans
   std::vector<std::pair<size_t, size_t>> listed;
   std::vector<uint8_t> on_host(plans.size(), 0);
   std::vector<int32_t> host_rows;
   for (size_t p = 0; p < plans.size(); ++p) {
     const EvictionPlan& plan = plans[p];
-    slots[p].resize(plan.segments.size());
     bool device = plan.pool_kernel <= 1;
     for (const SegmentEviction& e : plan.segments) {
       const int size = layout.table(plan.seq, e.layer, e.kv_head).size();
@@ -744,6 +750,7 @@ void CudaBackend::apply_all(std::span<const EvictionPlan> plans, KvLayout& layou
       continue;
     }
     on_host[p] = 1;
+    slots[p].resize(plan.segments.size());
     const std::vector<std::vector<uint8_t>> flags = select_plan_evictions(plan, layout);
     for (size_t i = 0; i < plan.segments.size(); ++i) {
       const SegmentEviction& e = plan.segments[i];
@@ -756,7 +763,9 @@ void CudaBackend::apply_all(std::span<const EvictionPlan> plans, KvLayout& layou
       }
     }
   }
-  if (!listed.empty()) evict_on_device(plans, listed, layout, slots);
+  std::vector<TableEviction> evicted;  // for the host mirror: the device's, then the host's
+  std::vector<int32_t> device_slots;
+  if (!listed.empty()) evict_on_device(plans, listed, layout, device_slots, evicted);
   if (!host_rows.empty()) {
     int32_t* rows_d = scratch(score_rows_, host_rows.size());
     EKVA_CUDA_CHECK(cudaMemcpyAsync(rows_d, host_rows.data(), host_rows.size() * sizeof(int32_t),
@@ -776,12 +785,15 @@ void CudaBackend::apply_all(std::span<const EvictionPlan> plans, KvLayout& layou
     EKVA_CUDA_CHECK(cudaMemsetAsync(flags_.data(), 0, rows_in_use, stream_));
   }
   for (size_t p = 0; p < plans.size(); ++p) {
+    if (on_host[p] == 0) continue;
     for (size_t i = 0; i < plans[p].segments.size(); ++i) {
       if (slots[p][i].empty()) continue;
       const SegmentEviction& e = plans[p].segments[i];
-      layout.evict_slots(plans[p].seq, e.layer, e.kv_head, slots[p][i]);
+      evicted.push_back({plans[p].seq, e.layer, e.kv_head, slots[p][i].data(),
+                         static_cast<int>(slots[p][i].size())});
     }
   }
+  layout.mirror_evictions(evicted);
   for (size_t p = 0; p < plans.size(); ++p) {
     if (on_host[p] != 0) upload_scores(plans[p].seq, layout);
   }

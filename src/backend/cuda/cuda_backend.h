@@ -57,10 +57,11 @@ class CudaBackend : public Backend {
   // inverse of sync_scores).
   void upload_scores(int seq, const KvLayout& layout);
   // Selects and compacts on the device the evictions of the listed segments, each the segment i of
-  // plan p; the evicted slots go to slots[p][i], for the host mirror.
+  // plan p; for the host mirror, `evicted` then lists the tables that lost slots, pointing into
+  // `result`, which holds the slots.
   void evict_on_device(std::span<const EvictionPlan> plans,
                        const std::vector<std::pair<size_t, size_t>>& listed, const KvLayout& layout,
-                       std::vector<std::vector<std::vector<int32_t>>>& slots);
+                       std::vector<int32_t>& result, std::vector<TableEviction>& evicted);
   // decode: the step holds at most one token per sequence, so the decode attention kernel (one
   // query per sequence over every retained slot) serves it.
   void attention_block(int layer, const StepPlan& plan, bool decode, bool scoring);
