@@ -156,6 +156,15 @@ T* CudaBackend::scratch(DeviceBuffer<T>& buffer, size_t count) {
   return buffer.data();
 }
 
+template <typename T>
+T* CudaBackend::staging(PinnedBuffer<T>& buffer, size_t count) {
+  if (buffer.size() < count) {
+    EKVA_CUDA_CHECK(cudaStreamSynchronize(stream_));  // a copy may still use the old buffer
+    buffer = PinnedBuffer<T>(std::max(count, buffer.size() * 2));
+  }
+  return buffer.data();
+}
+
 void CudaBackend::upload_step(const std::vector<int32_t>& step_ints) {
   int32_t* device = scratch(step_ints_, step_ints.size());
   EKVA_CUDA_CHECK(cudaMemcpyAsync(device, step_ints.data(), step_ints.size() * sizeof(int32_t),
@@ -584,8 +593,9 @@ std::vector<float> CudaBackend::run(const StepPlan& plan, KvLayout& layout,
   gather_rows(x_bf16_.data(), logit_rows_, rows, hidden, x_rows, stream_);
   float* logits_d = scratch(logits_, static_cast<size_t>(rows) * s.vocab_size);
   gemm_->bf16(x_rows, rows, w.lm_head().data.data(), s.vocab_size, hidden, logits_d);
-  std::vector<float> logits(static_cast<size_t>(rows) * s.vocab_size);
-  EKVA_CUDA_CHECK(cudaMemcpyAsync(logits.data(), logits_d, logits.size() * sizeof(float),
+  const size_t logit_count = static_cast<size_t>(rows) * s.vocab_size;
+  float* logits_h = staging(logits_host_, logit_count);
+  EKVA_CUDA_CHECK(cudaMemcpyAsync(logits_h, logits_d, logit_count * sizeof(float),
                                   cudaMemcpyDeviceToHost, stream_));
   if (scoring)
     add_scores(meta_.data(), score_delta_.data(), static_cast<int64_t>(rows_in_use), stream_);
@@ -596,6 +606,7 @@ std::vector<float> CudaBackend::run(const StepPlan& plan, KvLayout& layout,
                                     cudaMemcpyDeviceToHost, stream_));
   }
   EKVA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  std::vector<float> logits(logits_h, logits_h + logit_count);
   // Each layer's tables are its own, so the layers are recorded in parallel (see kParallelTables).
   const int routed_layers = static_cast<int>(routed_on_device_.size());
 #pragma omp parallel for schedule(static) \
@@ -671,7 +682,7 @@ void CudaBackend::upload_scores(int seq, const KvLayout& layout) {
 
 void CudaBackend::evict_on_device(std::span<const EvictionPlan> plans,
                                   const std::vector<std::pair<size_t, size_t>>& listed,
-                                  const KvLayout& layout, std::vector<int32_t>& result,
+                                  const KvLayout& layout,
                                   std::vector<TableEviction>& evicted) {
   const int H = layout.num_kv_heads(), S = layout.num_sequences();
   const int max_evictions = kMaxDecodeEvictions;
@@ -690,13 +701,16 @@ void CudaBackend::evict_on_device(std::span<const EvictionPlan> plans,
     pinned.insert(pinned.end(), e.pinned.begin(), e.pinned.end());
   }
   const size_t count = listed.size();
+  // Device and staging alike: the parameters, the pinned positions (or a placeholder), then the
+  // evicted slots of each segment and each one's count.
   const size_t out = params.size() + std::max<size_t>(pinned.size(), 1);
-  int32_t* ints = scratch(eviction_ints_, out + count * (max_evictions + 1));
-  EKVA_CUDA_CHECK(cudaMemcpyAsync(ints, params.data(), params.size() * sizeof(int32_t),
-                                  cudaMemcpyHostToDevice, stream_));
-  EKVA_CUDA_CHECK(cudaMemcpyAsync(ints + params.size(), pinned.data(),
-                                  pinned.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
-                                  stream_));
+  const size_t total = out + count * (max_evictions + 1);
+  int32_t* ints = scratch(eviction_ints_, total);
+  int32_t* host = staging(eviction_host_, total);
+  std::copy(params.begin(), params.end(), host);
+  std::copy(pinned.begin(), pinned.end(), host + params.size());
+  EKVA_CUDA_CHECK(
+      cudaMemcpyAsync(ints, host, out * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
   DecodeEvictions e;
   e.params = ints;
   e.pinned = ints + params.size();
@@ -706,8 +720,8 @@ void CudaBackend::evict_on_device(std::span<const EvictionPlan> plans,
   e.num_evicted = ints + out + count * max_evictions;
   evict_decode(pool_.data(), meta_.data(), ints_.data(), layout.page_size(), layout.head_dim(), e,
                stream_);
-  result.resize(count * (max_evictions + 1));
-  EKVA_CUDA_CHECK(cudaMemcpyAsync(result.data(), e.evicted, result.size() * sizeof(int32_t),
+  const int32_t* result = host + out;
+  EKVA_CUDA_CHECK(cudaMemcpyAsync(host + out, e.evicted, (total - out) * sizeof(int32_t),
                                   cudaMemcpyDeviceToHost, stream_));
   EKVA_CUDA_CHECK(cudaStreamSynchronize(stream_));
   for (size_t j = 0; j < count; ++j) {
@@ -719,7 +733,7 @@ void CudaBackend::evict_on_device(std::span<const EvictionPlan> plans,
     if (n == 0) continue;
     const EvictionPlan& plan = plans[listed[j].first];
     const SegmentEviction& s = plan.segments[listed[j].second];
-    evicted.push_back({plan.seq, s.layer, s.kv_head, result.data() + j * max_evictions, n});
+    evicted.push_back({plan.seq, s.layer, s.kv_head, result + j * max_evictions, n});
   }
 }
 
@@ -764,8 +778,7 @@ void CudaBackend::apply_all(std::span<const EvictionPlan> plans, KvLayout& layou
     }
   }
   std::vector<TableEviction> evicted;  // for the host mirror: the device's, then the host's
-  std::vector<int32_t> device_slots;
-  if (!listed.empty()) evict_on_device(plans, listed, layout, device_slots, evicted);
+  if (!listed.empty()) evict_on_device(plans, listed, layout, evicted);
   if (!host_rows.empty()) {
     int32_t* rows_d = scratch(score_rows_, host_rows.size());
     EKVA_CUDA_CHECK(cudaMemcpyAsync(rows_d, host_rows.data(), host_rows.size() * sizeof(int32_t),

@@ -49,6 +49,9 @@ class CudaBackend : public Backend {
   // Growable device scratch of one step.
   template <typename T>
   T* scratch(DeviceBuffer<T>& buffer, size_t count);
+  // The same for page-locked host staging.
+  template <typename T>
+  T* staging(PinnedBuffer<T>& buffer, size_t count);
   // Uploads the step's integer inputs (tokens_ and what follows).
   void upload_step(const std::vector<int32_t>& step_ints);
   // Uploads every layer's block tables unless the device has them; sets views_.
@@ -58,10 +61,10 @@ class CudaBackend : public Backend {
   void upload_scores(int seq, const KvLayout& layout);
   // Selects and compacts on the device the evictions of the listed segments, each the segment i of
   // plan p; for the host mirror, `evicted` then lists the tables that lost slots, pointing into
-  // `result`, which holds the slots.
+  // eviction_host_, which holds the slots until the next call.
   void evict_on_device(std::span<const EvictionPlan> plans,
                        const std::vector<std::pair<size_t, size_t>>& listed, const KvLayout& layout,
-                       std::vector<int32_t>& result, std::vector<TableEviction>& evicted);
+                       std::vector<TableEviction>& evicted);
   // decode: the step holds at most one token per sequence, so the decode attention kernel (one
   // query per sequence over every retained slot) serves it.
   void attention_block(int layer, const StepPlan& plan, bool decode, bool scoring);
@@ -100,6 +103,8 @@ class CudaBackend : public Backend {
   const KvLayout* tables_of_ = nullptr;
   uint64_t tables_version_ = 0;
   DeviceBuffer<int32_t> eviction_ints_;  // a decode selection's parameters and results
+  PinnedBuffer<int32_t> eviction_host_;  // and their host side
+  PinnedBuffer<float> logits_host_;
   DeviceBuffer<int32_t> score_rows_;     // the pool rows sync_scores and apply_all copy scores of
   DeviceBuffer<float> row_scores_;
   const int32_t* tokens_ = nullptr;
