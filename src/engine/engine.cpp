@@ -118,8 +118,17 @@ void Engine::score_keys(int seq) {
 std::vector<float> Engine::step(const ForwardBatch& batch, ForwardObserver* observer) {
   const StepPlan plan = plan_step(model_->spec(), batch, layout_);
   std::vector<float> logits = backend_->run(plan, layout_, observer);
-  const auto bad =
-      std::find_if(logits.begin(), logits.end(), [](float x) { return !std::isfinite(x); });
+  // x * 0 is 0 for a finite x and NaN otherwise, and NaN propagates through the sum: a pass in
+  // SIMD lanes, where a search for the first bad value goes one value at a time (a decode step of
+  // 40 sequences of a 32k vocabulary has 1.3M logits). The search runs only after a hit.
+  float poison = 0.0f;
+  const float* values = logits.data();
+  const size_t count = logits.size();
+#pragma omp simd reduction(+ : poison)
+  for (size_t i = 0; i < count; ++i) poison += values[i] * 0.0f;
+  const auto bad = poison == 0.0f ? logits.end()
+                                  : std::find_if(logits.begin(), logits.end(),
+                                                 [](float x) { return !std::isfinite(x); });
   if (bad != logits.end()) {
     const int vocab = model_->spec().vocab_size;
     const size_t row = static_cast<size_t>(bad - logits.begin()) / vocab;

@@ -60,7 +60,7 @@ void KvLayout::release_page(int32_t page) {
 int KvLayout::append(int seq, int layer, int kv_head, TokenMeta meta) {
   HeadTable& t = table(seq, layer, kv_head);
   const int slot = t.size();
-  if (slot % page_size() == 0) t.pages.push_back(allocate_page());
+  if (static_cast<size_t>(slot / page_size()) >= t.pages.size()) t.pages.push_back(allocate_page());
   t.meta.push_back(meta);
   return slot;
 }
@@ -79,7 +79,7 @@ void KvLayout::append_step(const std::vector<int32_t>& seq, const std::vector<in
         for (int h = 0; h < H; ++h) {
           HeadTable& table = this->table(seq[t], l, h);
           const int slot = table.size() + earlier[seq[t]];
-          if (slot % page_size() == 0) {
+          if (static_cast<size_t>(slot / page_size()) >= table.pages.size()) {
             table.pages.push_back(allocate_page());
             grown.push_back(&table);
           }
@@ -152,8 +152,8 @@ void KvLayout::compact(HeadTable& t, const int32_t* slots, int num_slots,
   t.meta.resize(kept);
 }
 
-void KvLayout::release_surplus_pages(HeadTable& t) {
-  const size_t pages = (t.meta.size() + page_size() - 1) / page_size();
+void KvLayout::release_surplus_pages(HeadTable& t, int room) {
+  const size_t pages = (t.meta.size() + room + page_size() - 1) / page_size();
   while (t.pages.size() > pages) {
     release_page(t.pages.back());
     t.pages.pop_back();
@@ -167,7 +167,7 @@ std::vector<RowMove> KvLayout::evict_slots(int seq, int layer, int kv_head,
   check_slots(t, slots.data(), n);
   std::vector<RowMove> moves;
   compact(t, slots.data(), n, &moves);
-  release_surplus_pages(t);
+  release_surplus_pages(t, 0);
   return moves;
 }
 
@@ -181,7 +181,9 @@ void KvLayout::mirror_evictions(const std::vector<TableEviction>& evictions) {
     const TableEviction& e = evictions[i];
     compact(table(e.seq, e.layer, e.kv_head), e.slots, e.num_slots, nullptr);
   }
-  for (const TableEviction& e : evictions) release_surplus_pages(table(e.seq, e.layer, e.kv_head));
+  for (const TableEviction& e : evictions) {
+    release_surplus_pages(table(e.seq, e.layer, e.kv_head), 1);
+  }
 }
 
 void KvLayout::clear_sequence(int seq) {

@@ -83,7 +83,7 @@ class KvLayout {
   SlotAddress address(const HeadTable& t, int slot) const {
     return {t.pages[slot / page_size()], slot % page_size()};
   }
-  // Adds one token's slot at the end of the table, taking a page when the last one is full;
+  // Adds one token's slot at the end of the table, taking a page when the table has no room;
   // throws kOutOfMemory when the capacity is used up. Returns the slot.
   int append(int seq, int layer, int kv_head, TokenMeta meta);
   // A forward step's appends: for every layer, token and KV head, as append(seq[t], layer, head,
@@ -106,7 +106,10 @@ class KvLayout {
                                    const std::vector<int32_t>& slots);
   // The metadata side of evict_slots for compactions a device already made on its rows, for
   // distinct tables at once: the tables are worked through on all threads (as append_step's), then
-  // emptied pages are released in list order.
+  // emptied pages are released in list order, except that each table keeps room for one more slot:
+  // a decoding table whose budget fills its last page exactly would otherwise give that page back
+  // and take one again every step, and each time the device's block tables would go up again. The
+  // page is within what admission reserves (Engine::pages_bound counts a step's extra slot).
   void mirror_evictions(const std::vector<TableEviction>& evictions);
   void clear_sequence(int seq);
 
@@ -135,7 +138,8 @@ class KvLayout {
   // evict_slots' metadata moves, and its row moves where `moves` is set.
   void compact(HeadTable& t, const int32_t* slots, int num_slots,
                std::vector<RowMove>* moves) const;
-  void release_surplus_pages(HeadTable& t);
+  // Releases the pages past those that the table's slots and `room` more need.
+  void release_surplus_pages(HeadTable& t, int room);
 
   int num_sequences_;
   int num_layers_;
