@@ -1,5 +1,6 @@
 #include "backend/backend.h"
 
+#include <algorithm>
 #include <numeric>
 
 #include "core/error.h"
@@ -40,11 +41,14 @@ StepPlan plan_step(const ModelSpec& spec, const ForwardBatch& batch, KvLayout& l
   const int H = spec.num_kv_heads;
   layout.append_step(batch.seq, batch.pos, p.slots);
   p.lengths.assign(static_cast<size_t>(spec.num_layers) * p.num_sequences * H, 0);
+  // A touched table's length is one past the last slot the step gave it (read from the slots, not
+  // from the tables: at serving batch sizes each table is another place in memory).
   for (int l = 0; l < spec.num_layers; ++l) {
     for (int t = 0; t < n; ++t) {
       for (int h = 0; h < H; ++h) {
-        p.lengths[(static_cast<size_t>(l) * p.num_sequences + batch.seq[t]) * H + h] =
-            layout.table(batch.seq[t], l, h).size();
+        int32_t& length =
+            p.lengths[(static_cast<size_t>(l) * p.num_sequences + batch.seq[t]) * H + h];
+        length = std::max(length, p.slots[(static_cast<size_t>(l) * n + t) * H + h] + 1);
       }
     }
   }
