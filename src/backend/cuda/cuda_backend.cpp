@@ -609,8 +609,8 @@ std::vector<float> CudaBackend::run(const StepPlan& plan, KvLayout& layout,
   std::vector<float> logits(logits_h, logits_h + logit_count);
   // Each layer's tables are its own, so the layers are recorded in parallel (see kParallelTables).
   const int routed_layers = static_cast<int>(routed_on_device_.size());
-#pragma omp parallel for schedule(static) \
-    if (static_cast<int64_t>(routed_layers) * n * s.num_kv_heads >= kParallelTables)
+  const bool parallel = static_cast<int64_t>(routed_layers) * n * s.num_kv_heads >= kParallelTables;
+#pragma omp parallel for schedule(static) if (parallel)
   for (int i = 0; i < routed_layers; ++i) {
     const auto [layer, index] = routed_on_device_[i];
     record_routing(layer, plan, layout, experts.data() + static_cast<size_t>(index) * n * s.top_k);
@@ -682,8 +682,7 @@ void CudaBackend::upload_scores(int seq, const KvLayout& layout) {
 
 void CudaBackend::evict_on_device(std::span<const EvictionPlan> plans,
                                   const std::vector<std::pair<size_t, size_t>>& listed,
-                                  const KvLayout& layout,
-                                  std::vector<TableEviction>& evicted) {
+                                  const KvLayout& layout, std::vector<TableEviction>& evicted) {
   const int H = layout.num_kv_heads(), S = layout.num_sequences();
   const int max_evictions = kMaxDecodeEvictions;
   std::vector<int32_t> params, pinned;

@@ -105,7 +105,7 @@ class CudaBackend : public Backend {
   DeviceBuffer<int32_t> eviction_ints_;  // a decode selection's parameters and results
   PinnedBuffer<int32_t> eviction_host_;  // and their host side
   PinnedBuffer<float> logits_host_;
-  DeviceBuffer<int32_t> score_rows_;     // the pool rows sync_scores and apply_all copy scores of
+  DeviceBuffer<int32_t> score_rows_;  // the pool rows sync_scores and apply_all copy scores of
   DeviceBuffer<float> row_scores_;
   const int32_t* tokens_ = nullptr;
   const int32_t* sequences_ = nullptr;
