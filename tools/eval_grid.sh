@@ -16,11 +16,14 @@
 #   the host, so the GPU engine refuses it]
 #   PPL_SAMPLES [26: the windows of CONTEXT - 1 tokens data/eval/heldout.txt holds at 2048]
 #   FILLER [data/eval/heldout.txt: needle facts hidden in prose]
+#   RESERVE [none: the defaults]: the reserve's options for `ekva eval`; the published tables of
+#   docs/RESULTS.md were made before the defaults moved, with "--reserve-threshold 3
+#   --reserve-span 0"
 #   TIME_LIMIT [none]: seconds for the whole grid; runs are cut at its end and none starts in its
 #   last 30 s. A cut run leaves no results.json in its directory (its log says how far it got).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-[[ $# -ge 3 ]] || { sed -n '2,22p' "$0"; exit 2; }
+[[ $# -ge 3 ]] || { sed -n '2,23p' "$0"; exit 2; }
 BIN=$1
 OUT=$2
 MODEL=$3
@@ -37,6 +40,7 @@ POLICIES=${POLICIES:-ekva,adakv,snapkv,pyramidkv,rarity-tokens,ekva-random-group
 PPL_SAMPLES=${PPL_SAMPLES:-26}
 FILLER=${FILLER:-data/eval/heldout.txt}
 TIME_LIMIT=${TIME_LIMIT:-0}
+read -ra reserve <<<"${RESERVE:-}"
 
 if [[ ! -x "$BIN/ekva" && -f "$BIN/devpack.tar.xz" ]]; then
   [[ -d "$BIN/devpack" ]] || tar xJf "$BIN/devpack.tar.xz" -C "$BIN"
@@ -54,7 +58,8 @@ run_one() {
   [[ $TIME_LIMIT -gt 0 ]] && limit=(timeout $((TIME_LIMIT - SECONDS)))
   "${limit[@]}" "$BIN/ekva" eval --model "$MODEL" --policies "$POLICIES" --budgets "$budget" \
     --tasks "$task" --filler "$FILLER" --context "$CONTEXT" --samples "$samples" --seed "$SEED" \
-    --mode "$mode" --device "$DEVICE" --jobs "$EVAL_JOBS" --out "$dir" >"$dir/eval.log" 2>&1
+    --mode "$mode" --device "$DEVICE" --jobs "$EVAL_JOBS" "${reserve[@]}" --out "$dir" \
+    >"$dir/eval.log" 2>&1
   echo "$mode $task $budget: exit $? ($SECONDS s)"
 }
 

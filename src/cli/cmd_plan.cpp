@@ -78,6 +78,11 @@ void add_plan(CLI::App& app, Action& action) {
   cmd->add_option("--reserve-cap", a->reserve.cap,
                   "... and take at most this share of a head's room")
       ->capture_default_str();
+  cmd->add_option("--reserve-span", a->reserve.span,
+                  "... after each token's surprisal is averaged over this many positions either "
+                  "side (0: per token)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--model", a->model_dir, "Check the statistics against this model");
   cmd->add_option("--out", a->out, "BudgetPlan JSON to write")->required();
   cmd->add_flag("--json", a->json, "Print a JSON summary");

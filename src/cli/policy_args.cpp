@@ -41,6 +41,11 @@ void add_shared_policy_options(CLI::App* cmd, PolicyArgs& args) {
                   fmt::format("... at most this share of a head's room (after the recent window; "
                               "default: the plan's, else {:g})",
                               ReserveOptions{}.cap));
+  cmd->add_option("--reserve-span", args.reserve.span,
+                  fmt::format("... each token's surprisal averaged over this many positions either "
+                              "side first (0: per token; default: the plan's, else {})",
+                              ReserveOptions{}.span))
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--kv-dtype", args.kv_dtype,
                   "Element type of the stored K and V: f32 or bf16 (default: f32 on the CPU, bf16 "
                   "on the GPU)")

@@ -105,21 +105,22 @@ json BudgetPlan::to_json() const {
         std::vector<int>(expert_group_.begin() + static_cast<ptrdiff_t>(l) * num_experts_,
                          expert_group_.begin() + static_cast<ptrdiff_t>(l + 1) * num_experts_));
   }
-  return {{"format", "ekva.budget_plan"},
-          {"version", kVersion},
-          {"model",
-           {{"model_type", model_type_},
-            {"num_layers", num_layers_},
-            {"num_kv_heads", num_kv_heads_},
-            {"num_experts", num_experts_}}},
-          {"num_groups", num_groups_},
-          {"expert_groups", groups},
-          {"unit", unit_ == Unit::kFraction ? "fraction" : "tokens"},
-          {"sink_tokens", sink_tokens},
-          {"recent_tokens", recent_tokens},
-          {"reserve", {{"threshold", reserve.threshold}, {"cap", reserve.cap}}},
-          {"budgets", budgets},
-          {"provenance", provenance}};
+  return {
+      {"format", "ekva.budget_plan"},
+      {"version", kVersion},
+      {"model",
+       {{"model_type", model_type_},
+        {"num_layers", num_layers_},
+        {"num_kv_heads", num_kv_heads_},
+        {"num_experts", num_experts_}}},
+      {"num_groups", num_groups_},
+      {"expert_groups", groups},
+      {"unit", unit_ == Unit::kFraction ? "fraction" : "tokens"},
+      {"sink_tokens", sink_tokens},
+      {"recent_tokens", recent_tokens},
+      {"reserve", {{"threshold", reserve.threshold}, {"cap", reserve.cap}, {"span", reserve.span}}},
+      {"budgets", budgets},
+      {"provenance", provenance}};
 }
 
 void BudgetPlan::save(const std::filesystem::path& path) const {
@@ -164,9 +165,9 @@ ReserveOptions reserve_field(const json& r, const std::string& source) {
          json_excerpt(r));
   }
   for (const auto& item : r.items()) {
-    if (item.key() != "threshold" && item.key() != "cap") {
-      fail(ErrorKind::kInvalidFile, "{}: field 'reserve.{}' is unknown (known: threshold, cap)",
-           source, item.key());
+    if (item.key() != "threshold" && item.key() != "cap" && item.key() != "span") {
+      fail(ErrorKind::kInvalidFile,
+           "{}: field 'reserve.{}' is unknown (known: threshold, cap, span)", source, item.key());
     }
   }
   ReserveOptions reserve;
@@ -185,6 +186,14 @@ ReserveOptions reserve_field(const json& r, const std::string& source) {
            source, json_excerpt(v));
     }
     reserve.cap = v.get<double>();
+  }
+  if (r.contains("span")) {
+    const json& v = r["span"];
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > kMaxInt) {
+      fail(ErrorKind::kInvalidFile, "{}: field 'reserve.span' must be an integer >= 0, not {}",
+           source, json_excerpt(v));
+    }
+    reserve.span = v.get<int>();
   }
   return reserve;
 }

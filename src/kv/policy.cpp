@@ -56,10 +56,13 @@ KvPolicy::KvPolicy(const PolicyOptions& options, const ModelSpec& spec)
   }
   if (options.reserve.threshold) reserve_.threshold = *options.reserve.threshold;
   if (options.reserve.cap) reserve_.cap = *options.reserve.cap;
-  if (!std::isfinite(reserve_.threshold) || !(reserve_.cap >= 0.0) || reserve_.cap > 1.0) {
+  if (options.reserve.span) reserve_.span = *options.reserve.span;
+  if (!std::isfinite(reserve_.threshold) || !(reserve_.cap >= 0.0) || reserve_.cap > 1.0 ||
+      reserve_.span < 0) {
     fail(ErrorKind::kInvalidArgument,
-         "KV policy: the reserve threshold {} must be finite and its cap {} in [0, 1]",
-         reserve_.threshold, reserve_.cap);
+         "KV policy: the reserve threshold {} must be finite, its cap {} in [0, 1] and its span {} "
+         ">= 0",
+         reserve_.threshold, reserve_.cap, reserve_.span);
   }
   num_groups_ = options.plan ? options.plan->num_groups() : spec.num_experts;
 }
@@ -285,7 +288,8 @@ EvictionPlan KvPolicy::compress(const KvLayout& layout, int seq, int prompt_len,
   if (kind_ == Kind::kFull) return plan;
   plan_budgets(layout, seq, prompt_len);
   if (reserves()) {
-    budgets_[seq].reserve = surprisal_outliers(surprisal(prompt, prompt_len), reserve_.threshold);
+    budgets_[seq].reserve = surprisal_outliers(
+        span_mean(surprisal(prompt, prompt_len), reserve_.span), reserve_.threshold);
   }
   plan.pool_kernel = pools_scores() ? options_.pool_kernel : 1;
   for (int l = 0; l < num_layers_; ++l) {

@@ -26,6 +26,7 @@ namespace ekva {
 struct ReserveOverrides {
   std::optional<double> threshold;
   std::optional<double> cap;
+  std::optional<int> span;
 };
 
 struct PolicyOptions {

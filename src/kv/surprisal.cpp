@@ -157,6 +157,21 @@ std::vector<int> surprisal_outliers(const std::vector<double>& surprisal, double
   return outliers;
 }
 
+std::vector<double> span_mean(const std::vector<double>& surprisal, int span) {
+  if (span < 0) fail(ErrorKind::kInvalidArgument, "surprisal reserve: span {} is negative", span);
+  if (span == 0) return surprisal;
+  // Prefix sums in token order, so every window's sum is the same whatever the span.
+  std::vector<double> prefix(surprisal.size() + 1, 0.0);
+  for (size_t t = 0; t < surprisal.size(); ++t) prefix[t + 1] = prefix[t] + surprisal[t];
+  const size_t w = static_cast<size_t>(span);
+  std::vector<double> mean(surprisal.size());
+  for (size_t t = 0; t < surprisal.size(); ++t) {
+    const size_t first = t >= w ? t - w : 0, end = std::min(surprisal.size(), t + w + 1);
+    mean[t] = (prefix[end] - prefix[first]) / static_cast<double>(end - first);
+  }
+  return mean;
+}
+
 size_t reserve_limit(double cap, int room) {
   if (!(cap >= 0.0 && cap <= 1.0)) {
     fail(ErrorKind::kInvalidArgument, "surprisal reserve: cap {} is outside [0, 1]", cap);
@@ -168,7 +183,8 @@ size_t reserve_limit(double cap, int room) {
 std::vector<int> reserved_tokens(const std::vector<double>& surprisal, int room,
                                  const ReserveOptions& options) {
   const size_t limit = reserve_limit(options.cap, room);
-  std::vector<int> reserved = surprisal_outliers(surprisal, options.threshold);
+  std::vector<int> reserved =
+      surprisal_outliers(span_mean(surprisal, options.span), options.threshold);
   if (reserved.size() > limit) reserved.resize(limit);
   return reserved;
 }

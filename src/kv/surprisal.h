@@ -17,10 +17,12 @@
 //  - token-id rarity (the expert-blind control): one "layer" whose type is the token id.
 // Dense layers carry no routing and are simply not passed.
 //
-// Reserved tokens: those with surprisal > mean + threshold x sd (population sd over the T tokens;
-// strict, so a prompt whose tokens all score alike reserves nothing), at most
-// floor(cap x room) of them, highest surprisal first and, at equal surprisal, earlier position
-// first.
+// Reserved tokens: with span s > 0, each token's surprisal is first replaced by the mean over the
+// tokens within s positions of it (fewer at the prompt's ends): a needle is a run of unusually
+// routed tokens, where a rare word in prose is mostly one, so the mean keeps the first and dilutes
+// the second. Then those with surprisal > mean + threshold x sd (population sd over the T tokens;
+// strict, so a prompt whose tokens all score alike reserves nothing), at most floor(cap x room) of
+// them, highest surprisal first and, at equal surprisal, earlier position first.
 //
 // Plain vectors in and out; results depend only on the inputs (sums run in token order).
 #include <cstddef>
@@ -51,10 +53,16 @@ std::vector<double> routing_surprisal(const std::vector<LayerRouting>& layers, s
 // Per token, -ln(occurrences of its id in token_ids / token_ids.size()).
 std::vector<double> token_rarity_surprisal(const std::vector<int32_t>& token_ids);
 
+// The defaults were chosen on the dev seed (docs/RESULTS.md, "A span, on the dev seed").
 struct ReserveOptions {
-  double threshold = 3.0;  // z: outliers lie above mean + z x sd
+  double threshold = 4.0;  // z: outliers lie above mean + z x sd
   double cap = 0.25;       // share of the room the reserve may take, in [0, 1]
+  int span = 2;            // >= 0: the surprisal is averaged over this many positions either side
 };
+
+// Per token, the mean of `surprisal` over the tokens within `span` positions of it (the input for
+// span 0). Throws kInvalidArgument for a negative span.
+std::vector<double> span_mean(const std::vector<double>& surprisal, int span);
 
 // Positions whose surprisal exceeds mean + threshold x sd, highest surprisal first, ties by earlier
 // position; empty for an empty input or one whose scores are all equal. Throws kInvalidArgument for
@@ -66,8 +74,8 @@ std::vector<int> surprisal_outliers(const std::vector<double>& surprisal, double
 // kInvalidArgument for a cap outside [0, 1] or a negative room.
 size_t reserve_limit(double cap, int room);
 
-// The first reserve_limit(cap, room) of surprisal_outliers(surprisal, threshold): the positions to
-// keep first in a head that may hold `room` tokens.
+// The first reserve_limit(cap, room) of surprisal_outliers(span_mean(surprisal, span),
+// threshold): the positions to keep first in a head that may hold `room` tokens.
 std::vector<int> reserved_tokens(const std::vector<double>& surprisal, int room,
                                  const ReserveOptions& options = {});
 

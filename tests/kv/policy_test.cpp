@@ -373,7 +373,8 @@ TEST(BudgetPlanFile, CarriesTheSurprisalReserveAndOldPlansLoadWithItsDefaults) {
   BudgetPlan plan = BudgetPlan::uniform(model->spec(), 2, BudgetPlan::Unit::kFraction, 0.2);
   EXPECT_EQ(plan.reserve.threshold, ReserveOptions{}.threshold);
   EXPECT_EQ(plan.reserve.cap, ReserveOptions{}.cap);
-  plan.reserve = {2.5, 0.1};
+  EXPECT_EQ(plan.reserve.span, ReserveOptions{}.span);
+  plan.reserve = {2.5, 0.1, 2};
   const fs::path p =
       fs::temp_directory_path() / ("ekva_reserve_" + std::to_string(::getpid()) + ".json");
   plan.save(p);
@@ -381,6 +382,7 @@ TEST(BudgetPlanFile, CarriesTheSurprisalReserveAndOldPlansLoadWithItsDefaults) {
   fs::remove(p);
   EXPECT_EQ(back.reserve.threshold, 2.5);
   EXPECT_EQ(back.reserve.cap, 0.1);
+  EXPECT_EQ(back.reserve.span, 2);
   EXPECT_EQ(back.to_json(), plan.to_json());
 
   nlohmann::json old = plan.to_json();  // as written before plans carried a reserve
@@ -408,6 +410,8 @@ TEST(BudgetPlanFile, CarriesTheSurprisalReserveAndOldPlansLoadWithItsDefaults) {
   expect_error({{"cap", 1.5}}, "field 'reserve.cap' must be a number in [0, 1]");
   expect_error({{"cap", -0.1}}, "field 'reserve.cap'");
   expect_error({{"cap", nullptr}}, "field 'reserve.cap'");
+  expect_error({{"span", -1}}, "field 'reserve.span' must be an integer >= 0");
+  expect_error({{"span", 1.5}}, "field 'reserve.span'");
   expect_error({{"treshold", 2}}, "field 'reserve.treshold' is unknown");
   expect_error(0.25, "field 'reserve' must be an object");
 }
@@ -423,15 +427,21 @@ TEST(Policy, TheReserveComesFromThePlanUnlessTheOptionsOverrideIt) {
   EXPECT_EQ(KvPolicy(o, s).reserve().threshold, ReserveOptions{}.threshold);
   EXPECT_EQ(KvPolicy(o, s).reserve().cap, ReserveOptions{}.cap);
   o.plan = BudgetPlan::uniform(s, s.num_experts, BudgetPlan::Unit::kFraction, 0.2);
-  o.plan->reserve = {1.5, 0.1};
+  o.plan->reserve = {1.5, 0.1, 3};
   EXPECT_EQ(KvPolicy(o, s).reserve().threshold, 1.5);
   EXPECT_EQ(KvPolicy(o, s).reserve().cap, 0.1);
+  EXPECT_EQ(KvPolicy(o, s).reserve().span, 3);
   o.reserve.threshold = 4.0;
   EXPECT_EQ(KvPolicy(o, s).reserve().threshold, 4.0);
   EXPECT_EQ(KvPolicy(o, s).reserve().cap, 0.1);
   o.reserve.cap = 0.5;
   EXPECT_EQ(KvPolicy(o, s).reserve().cap, 0.5);
-  o.reserve.cap = 2.0;  // an override is checked as the plan's fields are
+  o.reserve.span = 0;
+  EXPECT_EQ(KvPolicy(o, s).reserve().span, 0);
+  o.reserve.span = -1;  // an override is checked as the plan's fields are
+  EXPECT_THROW(KvPolicy(o, s), Error);
+  o.reserve.span.reset();
+  o.reserve.cap = 2.0;
   EXPECT_THROW(KvPolicy(o, s), Error);
 
   // The plan's reserve is the one compression uses: the prompt's two rare tokens are pinned at the
@@ -447,7 +457,7 @@ TEST(Policy, TheReserveComesFromThePlanUnlessTheOptionsOverrideIt) {
     r.budget = 0.25;
     r.ada_floor = 1.0;  // no scores were gathered: every head keeps the mean, room for the reserve
     r.plan = BudgetPlan::uniform(s, s.num_experts, BudgetPlan::Unit::kFraction, 0.25);
-    r.plan->reserve = {threshold, 0.25};
+    r.plan->reserve = {threshold, 0.25, 0};  // per token: the two rare ids, not their neighbours
     KvPolicy policy(r, s);
     const EvictionPlan plan = policy.compress(engine.layout(), 0, 240, PromptRouting{prompt, {}});
     ASSERT_FALSE(plan.segments.empty());

@@ -141,16 +141,45 @@ TEST(SurprisalReserve, CapRoundsDown) {
   EXPECT_THROW(reserve_limit(0.25, -1), Error);
 }
 
+// Per token (span 0) at z = 3 and cap 0.25, which the tests below spell out: the defaults are the
+// dev seed's choice and may move.
+const ReserveOptions kPerToken{3.0, 0.25, 0};
+
 TEST(SurprisalReserve, TheCapKeepsTheMostSurprisingFirst) {
   const std::vector<double> s = three_outliers();
-  EXPECT_EQ(reserved_tokens(s, 100), (std::vector<int>{12, 5, 30}));  // limit 25
-  EXPECT_EQ(reserved_tokens(s, 8), (std::vector<int>{12, 5}));        // limit 2
-  EXPECT_EQ(reserved_tokens(s, 4), std::vector<int>{12});             // limit 1
-  EXPECT_TRUE(reserved_tokens(s, 3).empty());                         // limit 0
-  EXPECT_EQ(reserved_tokens(s, 100, {4.0, 0.25}), std::vector<int>{12});
-  EXPECT_EQ(reserved_tokens(s, 4, {3.0, 0.5}), (std::vector<int>{12, 5}));
+  EXPECT_EQ(reserved_tokens(s, 100, kPerToken), (std::vector<int>{12, 5, 30}));  // limit 25
+  EXPECT_EQ(reserved_tokens(s, 8, kPerToken), (std::vector<int>{12, 5}));        // limit 2
+  EXPECT_EQ(reserved_tokens(s, 4, kPerToken), std::vector<int>{12});             // limit 1
+  EXPECT_TRUE(reserved_tokens(s, 3, kPerToken).empty());                         // limit 0
+  EXPECT_EQ(reserved_tokens(s, 100, {4.0, 0.25, 0}), std::vector<int>{12});
+  EXPECT_EQ(reserved_tokens(s, 4, {3.0, 0.5, 0}), (std::vector<int>{12, 5}));
   EXPECT_THROW(surprisal_outliers(s, std::numeric_limits<double>::infinity()), Error);
   EXPECT_THROW(surprisal_outliers({0.0, std::numeric_limits<double>::quiet_NaN()}, 3.0), Error);
+}
+
+// Span 1: each token's mean over itself and its two neighbours (one at either end of the prompt).
+TEST(SurprisalReserve, SpanMeanAveragesOverTheNeighbours) {
+  const std::vector<double> s = {0, 0, 9, 0, 0, 0, 3, 3, 3, 0};
+  const std::vector<double> mean = span_mean(s, 1);
+  const std::vector<double> expected = {0, 3, 3, 3, 0, 1, 2, 3, 2, 1.5};
+  ASSERT_EQ(mean.size(), expected.size());
+  for (size_t t = 0; t < expected.size(); ++t) EXPECT_DOUBLE_EQ(mean[t], expected[t]) << t;
+  EXPECT_EQ(span_mean(s, 0), s);
+  for (double m : span_mean(s, 10)) EXPECT_DOUBLE_EQ(m, 1.8);  // every window is the prompt
+  EXPECT_TRUE(span_mean({}, 2).empty());
+  EXPECT_THROW(span_mean(s, -1), Error);
+}
+
+// 60 tokens: a lone spike of 6 at position 12 and a run of five 4s at 40-44, zeros elsewhere. Per
+// token: mean 26/60, sd ~ 1.32, cut at z = 3 ~ 4.40, so the spike alone is an outlier. Span 1: the
+// spike spreads to 2, 2, 2 and the run to 4/3, 8/3, 4, 4, 4, 8/3, 4/3; mean 26/60, sd ~ 1.05, cut
+// ~ 3.59, so the run's middle three are the outliers and the spike is not.
+TEST(SurprisalReserve, ASpanKeepsARunAndDropsALoneSpike) {
+  std::vector<double> s(60, 0.0);
+  s[12] = 6.0;
+  for (int t = 40; t < 45; ++t) s[t] = 4.0;
+  EXPECT_EQ(reserved_tokens(s, 100, kPerToken), std::vector<int>{12});
+  EXPECT_EQ(reserved_tokens(s, 100, {3.0, 0.25, 1}), (std::vector<int>{41, 42, 43}));
 }
 
 TEST(SurprisalReserve, ANeedleRoutedUnlikeItsFillerIsReserved) {
@@ -170,7 +199,7 @@ TEST(SurprisalReserve, ANeedleRoutedUnlikeItsFillerIsReserved) {
   EXPECT_NEAR(s[31], std::log(50.0), 1e-12);
   EXPECT_NEAR(s[0], std::log(2.0), 1e-12);
   EXPECT_NEAR(s[1], std::log(50.0 / 24), 1e-12);
-  EXPECT_EQ(reserved_tokens(s, 10), std::vector<int>{31});
+  EXPECT_EQ(reserved_tokens(s, 10, kPerToken), std::vector<int>{31});
   // Deterministic: the same routing gives the same numbers.
   EXPECT_EQ(routing_surprisal({routing(2, experts)}, 50), s);
 }
