@@ -82,7 +82,7 @@ void add_plan(CLI::App& app, Action& action) {
                   "... after each token's surprisal is averaged over this many positions either "
                   "side (0: per token)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--model", a->model_dir, "Check the statistics against this model");
   cmd->add_option("--out", a->out, "BudgetPlan JSON to write")->required();
   cmd->add_flag("--json", a->json, "Print a JSON summary");

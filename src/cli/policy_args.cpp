@@ -45,7 +45,7 @@ void add_shared_policy_options(CLI::App* cmd, PolicyArgs& args) {
                   fmt::format("... each token's surprisal averaged over this many positions either "
                               "side first (0: per token; default: the plan's, else {})",
                               ReserveOptions{}.span))
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--kv-dtype", args.kv_dtype,
                   "Element type of the stored K and V: f32 or bf16 (default: f32 on the CPU, bf16 "
                   "on the GPU)")

@@ -97,7 +97,7 @@ void KvLayout::append_step(const std::vector<int32_t>& seq, const std::vector<in
     throw;
   }
   const int units = L * H;
-  const bool parallel = static_cast<int64_t>(n) * units >= kParallelTables;
+  [[maybe_unused]] const bool parallel = static_cast<int64_t>(n) * units >= kParallelTables;
 #pragma omp parallel for schedule(static) if (parallel)
   for (int u = 0; u < units; ++u) {
     const int l = u / H, h = u % H;

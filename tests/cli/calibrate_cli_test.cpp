@@ -48,10 +48,17 @@ TEST(CalibrateCli, StatsToPlanToGeneration) {
   EXPECT_EQ(BudgetPlan::load(plan).reserve.threshold, ReserveOptions{}.threshold);
   const std::string tuned = (dir / "tuned.json").string();
   r = testing::run_ekva("plan --stats " + stats +
-                        " --budget 0.25 --reserve-threshold 2.5 --reserve-cap 0.1 --out " + tuned);
+                        " --budget 0.25 --reserve-threshold 2.5 --reserve-cap 0.1 "
+                        "--reserve-span 1 --out " +
+                        tuned);
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(BudgetPlan::load(tuned).reserve.threshold, 2.5);
   EXPECT_EQ(BudgetPlan::load(tuned).reserve.cap, 0.1);
+  EXPECT_EQ(BudgetPlan::load(tuned).reserve.span, 1);
+  r = testing::run_ekva("generate --model " + testing::kEmbeddedModel +
+                        " --ids 1,2,3 --max-new-tokens 1 --policy ekva --reserve-span=-1");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("--reserve-span"), std::string::npos) << r.out;
   r = testing::run_ekva("plan --stats " + stats + " --budget 0.25 --reserve-cap 1.5 --out " +
                         (dir / "bad.json").string());
   EXPECT_EQ(r.code, 1);

@@ -609,7 +609,8 @@ std::vector<float> CudaBackend::run(const StepPlan& plan, KvLayout& layout,
   std::vector<float> logits(logits_h, logits_h + logit_count);
   // Each layer's tables are its own, so the layers are recorded in parallel (see kParallelTables).
   const int routed_layers = static_cast<int>(routed_on_device_.size());
-  const bool parallel = static_cast<int64_t>(routed_layers) * n * s.num_kv_heads >= kParallelTables;
+  [[maybe_unused]] const bool parallel =
+      static_cast<int64_t>(routed_layers) * n * s.num_kv_heads >= kParallelTables;
 #pragma omp parallel for schedule(static) if (parallel)
   for (int i = 0; i < routed_layers; ++i) {
     const auto [layer, index] = routed_on_device_[i];
