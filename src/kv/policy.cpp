@@ -288,8 +288,7 @@ EvictionPlan KvPolicy::compress(const KvLayout& layout, int seq, int prompt_len,
   if (kind_ == Kind::kFull) return plan;
   plan_budgets(layout, seq, prompt_len);
   if (reserves()) {
-    budgets_[seq].reserve = surprisal_outliers(
-        span_mean(surprisal(prompt, prompt_len), reserve_.span), reserve_.threshold);
+    budgets_[seq].reserve = reserve_candidates(surprisal(prompt, prompt_len), reserve_);
   }
   plan.pool_kernel = pools_scores() ? options_.pool_kernel : 1;
   for (int l = 0; l < num_layers_; ++l) {

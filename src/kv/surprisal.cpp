@@ -172,6 +172,11 @@ std::vector<double> span_mean(const std::vector<double>& surprisal, int span) {
   return mean;
 }
 
+std::vector<int> reserve_candidates(const std::vector<double>& surprisal,
+                                    const ReserveOptions& options) {
+  return surprisal_outliers(span_mean(surprisal, options.span), options.threshold);
+}
+
 size_t reserve_limit(double cap, int room) {
   if (!(cap >= 0.0 && cap <= 1.0)) {
     fail(ErrorKind::kInvalidArgument, "surprisal reserve: cap {} is outside [0, 1]", cap);
@@ -183,8 +188,7 @@ size_t reserve_limit(double cap, int room) {
 std::vector<int> reserved_tokens(const std::vector<double>& surprisal, int room,
                                  const ReserveOptions& options) {
   const size_t limit = reserve_limit(options.cap, room);
-  std::vector<int> reserved =
-      surprisal_outliers(span_mean(surprisal, options.span), options.threshold);
+  std::vector<int> reserved = reserve_candidates(surprisal, options);
   if (reserved.size() > limit) reserved.resize(limit);
   return reserved;
 }

@@ -69,13 +69,18 @@ std::vector<double> span_mean(const std::vector<double>& surprisal, int span);
 // a non-finite threshold or surprisal.
 std::vector<int> surprisal_outliers(const std::vector<double>& surprisal, double threshold);
 
+// The reserve's candidates before its cap, in the order it takes them:
+// surprisal_outliers(span_mean(surprisal, span), threshold).
+std::vector<int> reserve_candidates(const std::vector<double>& surprisal,
+                                    const ReserveOptions& options);
+
 // floor(cap x room), where a product less than 1e-9 below an integer counts as that integer
 // (0.29 x 100 is 28.999999999999996 in binary floating point but reserves 29). Throws
 // kInvalidArgument for a cap outside [0, 1] or a negative room.
 size_t reserve_limit(double cap, int room);
 
-// The first reserve_limit(cap, room) of surprisal_outliers(span_mean(surprisal, span),
-// threshold): the positions to keep first in a head that may hold `room` tokens.
+// The first reserve_limit(cap, room) of reserve_candidates(surprisal, options): the positions to
+// keep first in a head that may hold `room` tokens.
 std::vector<int> reserved_tokens(const std::vector<double>& surprisal, int room,
                                  const ReserveOptions& options = {});
 
