@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <exception>
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
@@ -226,13 +227,31 @@ std::vector<float> Engine::decode(std::span<const int> seqs, std::span<const int
   const auto start = Clock::now();
   std::vector<float> logits = step(batch);
   const auto forwarded = Clock::now();
-  // Each sequence's plan reads its own tables only, so the step's evictions run in one pass.
-  std::vector<EvictionPlan> plans;
+  // Each sequence's plan reads its own tables only, so the step's evictions run in one pass, and
+  // the plans (one segment per table) are made on all threads when they are many.
+  std::vector<int> evicting;
   for (const int seq : seqs) {
     if (!policies_[seq]) continue;
     score_keys(seq);
     if (policies_[seq]->evicts_by_groups()) backend_->sync_scores(seq, layout_);
-    plans.push_back(policies_[seq]->evict(layout_, seq));
+    evicting.push_back(seq);
+  }
+  const int num_plans = static_cast<int>(evicting.size());
+  std::vector<EvictionPlan> plans(evicting.size());
+  std::vector<std::exception_ptr> failures(evicting.size());  // none may leave the region
+  [[maybe_unused]] const bool parallel =
+      static_cast<int64_t>(num_plans) * layout_.num_layers() * layout_.num_kv_heads() >=
+      kParallelTables;
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int i = 0; i < num_plans; ++i) {
+    try {
+      plans[i] = policies_[evicting[i]]->evict(layout_, evicting[i]);
+    } catch (...) {
+      failures[i] = std::current_exception();
+    }
+  }
+  for (const std::exception_ptr& failure : failures) {
+    if (failure) std::rethrow_exception(failure);
   }
   if (!plans.empty()) backend_->apply_all(plans, layout_);
   last_decode_.forward_s = std::chrono::duration<double>(forwarded - start).count();

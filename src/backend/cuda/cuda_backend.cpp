@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <numeric>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/decode_attention.h"
@@ -682,38 +683,57 @@ void CudaBackend::upload_scores(int seq, const KvLayout& layout) {
 }
 
 void CudaBackend::evict_on_device(std::span<const EvictionPlan> plans,
-                                  const std::vector<std::pair<size_t, size_t>>& listed,
-                                  const KvLayout& layout, std::vector<TableEviction>& evicted) {
+                                  const std::vector<uint8_t>& on_host,
+                                  const std::vector<size_t>& listed_at,
+                                  const std::vector<size_t>& pinned_at, const KvLayout& layout,
+                                  std::vector<TableEviction>& evicted) {
   const int H = layout.num_kv_heads(), S = layout.num_sequences();
   const int max_evictions = kMaxDecodeEvictions;
-  std::vector<int32_t> params, pinned;
-  params.reserve(listed.size() * kDecodeEvictParams);
-  for (const auto& [p, i] : listed) {
-    const SegmentEviction& e = plans[p].segments[i];
-    const size_t at = table_at_[e.layer];
-    const int segment = plans[p].seq * H + e.kv_head;
-    params.insert(
-        params.end(),
-        {static_cast<int32_t>(at + 2 * static_cast<size_t>(S) * H + 1) + tables_[at + segment],
-         layout.table(plans[p].seq, e.layer, e.kv_head).size(), e.keep, e.sinks, e.recent_from,
-         static_cast<int32_t>(pinned.size()), static_cast<int32_t>(pinned.size() + e.pinned.size()),
-         static_cast<int32_t>(at + static_cast<size_t>(S) * H + 1) + segment});
-    pinned.insert(pinned.end(), e.pinned.begin(), e.pinned.end());
-  }
-  const size_t count = listed.size();
+  const int num_plans = static_cast<int>(plans.size());
+  const size_t count = listed_at.back();
   // Device and staging alike: the parameters, the pinned positions (or a placeholder), then the
   // evicted slots of each segment and each one's count.
-  const size_t out = params.size() + std::max<size_t>(pinned.size(), 1);
+  const size_t params_size = count * kDecodeEvictParams;
+  const size_t out = params_size + std::max<size_t>(pinned_at.back(), 1);
   const size_t total = out + count * (max_evictions + 1);
   int32_t* ints = scratch(eviction_ints_, total);
   int32_t* host = staging(eviction_host_, total);
-  std::copy(params.begin(), params.end(), host);
-  std::copy(pinned.begin(), pinned.end(), host + params.size());
+  std::vector<std::pair<int, int>> listed(count);  // (plan, segment) of each listed segment
+  // Each plan writes its own stretch of the staging (see kParallelTables).
+  [[maybe_unused]] const bool parallel = static_cast<int64_t>(count) >= kParallelTables;
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int p = 0; p < num_plans; ++p) {
+    if (on_host[p] != 0) continue;
+    size_t j = listed_at[p];
+    size_t pin = pinned_at[p];
+    const EvictionPlan& plan = plans[p];
+    for (size_t i = 0; i < plan.segments.size(); ++i) {
+      const SegmentEviction& e = plan.segments[i];
+      const int size = layout.table(plan.seq, e.layer, e.kv_head).size();
+      if (size <= e.keep) continue;
+      const size_t at = table_at_[e.layer];
+      const int segment = plan.seq * H + e.kv_head;
+      const int32_t params[kDecodeEvictParams] = {
+          static_cast<int32_t>(at + 2 * static_cast<size_t>(S) * H + 1) + tables_[at + segment],
+          size,
+          e.keep,
+          e.sinks,
+          e.recent_from,
+          static_cast<int32_t>(pin),
+          static_cast<int32_t>(pin + e.pinned.size()),
+          static_cast<int32_t>(at + static_cast<size_t>(S) * H + 1) + segment};
+      std::copy(params, params + kDecodeEvictParams, host + j * kDecodeEvictParams);
+      std::copy(e.pinned.begin(), e.pinned.end(), host + params_size + pin);
+      listed[j] = {p, static_cast<int>(i)};
+      ++j;
+      pin += e.pinned.size();
+    }
+  }
   EKVA_CUDA_CHECK(
       cudaMemcpyAsync(ints, host, out * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
   DecodeEvictions e;
   e.params = ints;
-  e.pinned = ints + params.size();
+  e.pinned = ints + params_size;
   e.count = static_cast<int>(count);
   e.max_evictions = max_evictions;
   e.evicted = ints + out;
@@ -745,25 +765,38 @@ void CudaBackend::apply_all(std::span<const EvictionPlan> plans, KvLayout& layou
   // compression), is selected on the host over the scores sync_scores brought there, whose pooled
   // values then go back to the device, and its flagged slots are compacted a layer at a time.
   upload_tables(layout);
-  std::vector<std::vector<std::vector<int32_t>>> slots(plans.size());  // host-selected plans
-  std::vector<std::pair<size_t, size_t>> listed;
+  const int num_plans = static_cast<int>(plans.size());
+  // Per plan: whether the host selects it, else how many segments the device selects and how
+  // many pinned positions they carry, summed into each plan's offsets below.
   std::vector<uint8_t> on_host(plans.size(), 0);
-  std::vector<int32_t> host_rows;
-  for (size_t p = 0; p < plans.size(); ++p) {
+  std::vector<size_t> listed_at(plans.size() + 1, 0), pinned_at(plans.size() + 1, 0);
+  int64_t segments = 0;
+  for (const EvictionPlan& plan : plans) segments += static_cast<int64_t>(plan.segments.size());
+  [[maybe_unused]] const bool parallel = segments >= kParallelTables;
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int p = 0; p < num_plans; ++p) {
     const EvictionPlan& plan = plans[p];
     bool device = plan.pool_kernel <= 1;
+    size_t listed = 0, pinned = 0;
     for (const SegmentEviction& e : plan.segments) {
       const int size = layout.table(plan.seq, e.layer, e.kv_head).size();
       device = device && e.quota.empty() && size - e.keep <= kMaxDecodeEvictions;
-    }
-    if (device) {
-      for (size_t i = 0; i < plan.segments.size(); ++i) {
-        const SegmentEviction& e = plan.segments[i];
-        if (layout.table(plan.seq, e.layer, e.kv_head).size() > e.keep) listed.emplace_back(p, i);
+      if (size > e.keep) {
+        ++listed;
+        pinned += e.pinned.size();
       }
-      continue;
     }
-    on_host[p] = 1;
+    on_host[p] = static_cast<uint8_t>(!device);
+    listed_at[p + 1] = device ? listed : 0;
+    pinned_at[p + 1] = device ? pinned : 0;
+  }
+  std::partial_sum(listed_at.begin(), listed_at.end(), listed_at.begin());
+  std::partial_sum(pinned_at.begin(), pinned_at.end(), pinned_at.begin());
+  std::vector<std::vector<std::vector<int32_t>>> slots(plans.size());  // host-selected plans
+  std::vector<int32_t> host_rows;
+  for (size_t p = 0; p < plans.size(); ++p) {
+    if (on_host[p] == 0) continue;
+    const EvictionPlan& plan = plans[p];
     slots[p].resize(plan.segments.size());
     const std::vector<std::vector<uint8_t>> flags = select_plan_evictions(plan, layout);
     for (size_t i = 0; i < plan.segments.size(); ++i) {
@@ -778,7 +811,7 @@ void CudaBackend::apply_all(std::span<const EvictionPlan> plans, KvLayout& layou
     }
   }
   std::vector<TableEviction> evicted;  // for the host mirror: the device's, then the host's
-  if (!listed.empty()) evict_on_device(plans, listed, layout, evicted);
+  if (listed_at.back() > 0) evict_on_device(plans, on_host, listed_at, pinned_at, layout, evicted);
   if (!host_rows.empty()) {
     int32_t* rows_d = scratch(score_rows_, host_rows.size());
     EKVA_CUDA_CHECK(cudaMemcpyAsync(rows_d, host_rows.data(), host_rows.size() * sizeof(int32_t),

@@ -59,12 +59,13 @@ class CudaBackend : public Backend {
   // The host's scores of `seq` to the device, after a selection on the host pooled them (the
   // inverse of sync_scores).
   void upload_scores(int seq, const KvLayout& layout);
-  // Selects and compacts on the device the evictions of the listed segments, each the segment i of
-  // plan p; for the host mirror, `evicted` then lists the tables that lost slots, pointing into
-  // eviction_host_, which holds the slots until the next call.
-  void evict_on_device(std::span<const EvictionPlan> plans,
-                       const std::vector<std::pair<size_t, size_t>>& listed, const KvLayout& layout,
-                       std::vector<TableEviction>& evicted);
+  // Selects and compacts on the device the evictions of every plan the host does not select
+  // (on_host 0): each such plan's segments that outgrew their keep, listed from listed_at[p], their
+  // pinned positions from pinned_at[p]. For the host mirror, `evicted` then lists the tables that
+  // lost slots, pointing into eviction_host_, which holds the slots until the next call.
+  void evict_on_device(std::span<const EvictionPlan> plans, const std::vector<uint8_t>& on_host,
+                       const std::vector<size_t>& listed_at, const std::vector<size_t>& pinned_at,
+                       const KvLayout& layout, std::vector<TableEviction>& evicted);
   // decode: the step holds at most one token per sequence, so the decode attention kernel (one
   // query per sequence over every retained slot) serves it.
   void attention_block(int layer, const StepPlan& plan, bool decode, bool scoring);
