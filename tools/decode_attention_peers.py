@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Peers of EKVA's CUDA decode attention, timed on the GPU machine in the same run.
 
-* PyTorch SDPA with the cuDNN and the flash backends on equivalent dense tensors: K and V
-  [B, 8, L, 128]; the 4 query heads of each KV head become 4 query rows of that head (decode needs
-  no mask), so every K/V byte is read once, as in the paged kernel.
+* PyTorch SDPA with the cuDNN and the flash backends on equivalent dense tensors, K and V
+  [B, 8, L, 128], with q in two forms: "rows", the 4 query heads of each KV head as 4 query rows of
+  that head (q [B, 8, 4, 128]; decode needs no mask), and "gqa", the usual call (q [B, 32, 1, 128]
+  with enable_gqa=True). Both give the same outputs and read every K/V byte once, as the paged
+  kernel does; a library may run them with different kernels, so each is timed.
 * A Triton kernel of the same ragged paged computation (EKVA's layout: a page holds page_size K rows
   then page_size V rows of one (sequence, KV head); block tables with per-segment offsets), split-K
   plus a reduction.
@@ -199,12 +201,22 @@ def check_triton(gen):
     return err
 
 
-def check_sdpa(backend, gen):
+def sdpa(form, q, k, v):
+    """SDPA on q [B, 8, 4, 128] (the 4 query heads of each KV head) in one of the two forms; the
+    output as [B, 8, 4, 128] either way."""
+    if form == "rows":
+        return F.scaled_dot_product_attention(q, k, v)
+    b = q.shape[0]
+    out = F.scaled_dot_product_attention(q.reshape(b, HQ, 1, D), k, v, enable_gqa=True)
+    return out.reshape(b, HKV, G, D)
+
+
+def check_sdpa(backend, form, gen):
     q = torch.randn(2, HKV, G, D, dtype=torch.bfloat16, device="cuda", generator=gen)
     k = torch.randn(2, HKV, 3000, D, dtype=torch.bfloat16, device="cuda", generator=gen)
     v = torch.randn_like(k)
     with sdpa_kernel([backend]):
-        out = F.scaled_dot_product_attention(q, k, v)
+        out = sdpa(form, q, k, v)
     ref = torch.softmax(q.float() @ k.float().transpose(-1, -2) / math.sqrt(D), -1) @ v.float()
     return ((out.float() - ref).norm() / ref.norm()).item()
 
@@ -220,10 +232,14 @@ def main():
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                "triton": triton.__version__, "checks": {}, "attention": []}
     results["checks"]["triton_rel_err"] = check_triton(gen)
-    backends = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
-    for name, backend in backends.items():
+    # Peer name: (backend, q form); "cudnn" and "flash" keep the rows form of earlier runs.
+    peers = {"cudnn": (SDPBackend.CUDNN_ATTENTION, "rows"),
+             "flash": (SDPBackend.FLASH_ATTENTION, "rows"),
+             "cudnn_gqa": (SDPBackend.CUDNN_ATTENTION, "gqa"),
+             "flash_gqa": (SDPBackend.FLASH_ATTENTION, "gqa")}
+    for name, (backend, form) in peers.items():
         try:
-            results["checks"][f"{name}_rel_err"] = check_sdpa(backend, gen)
+            results["checks"][f"{name}_rel_err"] = check_sdpa(backend, form, gen)
         except Exception as e:  # a backend that refuses the shape is reported, not fatal
             results["checks"][f"{name}_error"] = str(e)[:300]
     print(json.dumps(results["checks"]), flush=True)
@@ -241,13 +257,13 @@ def main():
             ks = [torch.empty(b, HKV, L, D, dtype=torch.bfloat16, device="cuda").uniform_(
                 -1, 1, generator=gen) for _ in range(replicas)]
             vs = [torch.empty_like(k).uniform_(-1, 1, generator=gen) for k in ks]
-            for name, backend in backends.items():
+            for name, (backend, form) in peers.items():
                 if f"{name}_error" in results["checks"]:
                     continue
                 try:
                     with sdpa_kernel([backend]):
-                        ms = time_graph(calls, lambda i: F.scaled_dot_product_attention(
-                            qs[i % replicas], ks[i % replicas], vs[i % replicas]))
+                        ms = time_graph(calls, lambda i: sdpa(
+                            form, qs[i % replicas], ks[i % replicas], vs[i % replicas]))
                     row[f"{name}_us"] = ms * 1e3
                 except Exception as e:
                     row[f"{name}_error"] = str(e)[:200]
@@ -275,8 +291,9 @@ def main():
         with open(args.ekva) as f:
             ekva = {(r["batch"], r["context"]): r for r in json.load(f)["attention"]}
         lines = ["| B | L | K/V MB | EKVA us | EKVA TB/s | ragged/uniform | cuDNN us | cuDNN TB/s "
-                 "| EKVA/cuDNN speed | flash us | flash TB/s | Triton us | Triton TB/s |",
-                 "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                 "| EKVA/cuDNN speed | cuDNN GQA us | EKVA/cuDNN GQA speed | flash us | flash TB/s "
+                 "| flash GQA us | Triton us | Triton TB/s |",
+                 "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in results["attention"]:
             e = ekva.get((r["batch"], r["context"]))
             if e is None:
@@ -292,8 +309,10 @@ def main():
                 f"| {r['batch']} | {r['context']} | {by / 1e6:.0f} | {e['uniform_us']:.1f} | "
                 f"{tbs(e['uniform_us'])} | {e['ragged_us'] / e['uniform_us']:.3f} | "
                 f"{us('cudnn_us') or 0:.1f} | {tbs(us('cudnn_us'))} | "
-                f"{(us('cudnn_us') or 0) / e['uniform_us']:.2f} | {us('flash_us') or 0:.1f} | "
-                f"{tbs(us('flash_us'))} | {r['triton_us']:.1f} | {tbs(r['triton_us'])} |")
+                f"{(us('cudnn_us') or 0) / e['uniform_us']:.2f} | {us('cudnn_gqa_us') or 0:.1f} | "
+                f"{(us('cudnn_gqa_us') or 0) / e['uniform_us']:.2f} | {us('flash_us') or 0:.1f} | "
+                f"{tbs(us('flash_us'))} | {us('flash_gqa_us') or 0:.1f} | {r['triton_us']:.1f} | "
+                f"{tbs(r['triton_us'])} |")
         table = "\n".join(lines)
         print(table)
         if args.table:
