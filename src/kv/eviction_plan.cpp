@@ -1,6 +1,7 @@
 #include "kv/eviction_plan.h"
 
 #include <algorithm>
+#include <exception>
 #include <numeric>
 
 #include "core/error.h"
@@ -60,17 +61,31 @@ std::vector<uint8_t> select_evictions(const HeadTable& t, const SegmentEviction&
 
 std::vector<std::vector<uint8_t>> select_plan_evictions(const EvictionPlan& plan,
                                                         KvLayout& layout) {
+  // Each table is pooled and selected on its own, so the tables run on all threads when they hold
+  // many slots (a prompt's compression), one after another otherwise (a decode step's).
+  const int L = layout.num_layers(), H = layout.num_kv_heads();
+  [[maybe_unused]] const bool parallel =
+      static_cast<int64_t>(layout.retained_tokens(plan.seq)) >= kParallelSlots;
   if (plan.pool_kernel > 1) {
-    for (int l = 0; l < layout.num_layers(); ++l) {
-      for (int h = 0; h < layout.num_kv_heads(); ++h)
-        pool_scores(layout.table(plan.seq, l, h), plan.pool_kernel);
+#pragma omp parallel for schedule(dynamic, 1) if (parallel)
+    for (int t = 0; t < L * H; ++t)
+      pool_scores(layout.table(plan.seq, t / H, t % H), plan.pool_kernel);
+  }
+  const int count = static_cast<int>(plan.segments.size());
+  std::vector<std::vector<uint8_t>> flags(plan.segments.size());
+  std::vector<std::exception_ptr> failures(plan.segments.size());  // none may leave the region
+#pragma omp parallel for schedule(dynamic, 1) if (parallel)
+  for (int i = 0; i < count; ++i) {
+    const SegmentEviction& segment = plan.segments[i];
+    try {
+      flags[i] = select_evictions(layout.table(plan.seq, segment.layer, segment.kv_head), segment);
+    } catch (...) {
+      failures[i] = std::current_exception();
     }
   }
-  std::vector<std::vector<uint8_t>> flags;
-  flags.reserve(plan.segments.size());
-  for (const SegmentEviction& segment : plan.segments)
-    flags.push_back(
-        select_evictions(layout.table(plan.seq, segment.layer, segment.kv_head), segment));
+  for (const std::exception_ptr& failure : failures) {
+    if (failure) std::rethrow_exception(failure);
+  }
   return flags;
 }
 

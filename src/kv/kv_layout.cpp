@@ -217,4 +217,12 @@ size_t KvLayout::retained_tokens() const {
   return n;
 }
 
+size_t KvLayout::retained_tokens(int seq) const {
+  size_t n = 0;
+  for (int l = 0; l < num_layers(); ++l) {
+    for (int h = 0; h < num_kv_heads(); ++h) n += table(seq, l, h).meta.size();
+  }
+  return n;
+}
+
 }  // namespace ekva

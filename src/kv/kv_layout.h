@@ -46,6 +46,9 @@ struct KvFormat {
 // From this many tables on, a step's per-table bookkeeping runs on all threads; below it, starting
 // them would cost more than the memory waits they hide.
 inline constexpr int64_t kParallelTables = 1024;
+// From this many slots on, a pass over a sequence's tables that reads every slot (a prompt's
+// compression: pooling, head budgets, selection) runs its tables on all threads.
+inline constexpr int64_t kParallelSlots = int64_t{1} << 16;
 
 // The slots (ascending, distinct) one table loses in a compaction made elsewhere (on a device).
 struct TableEviction {
@@ -125,7 +128,8 @@ class KvLayout {
   // Bytes a table of every one of `tokens` tokens per (layer, KV head) would use, one sequence.
   size_t full_bytes(int64_t tokens) const;
   size_t metadata_bytes_in_use() const;
-  size_t retained_tokens() const;  // summed over all (sequence, layer, KV head) tables
+  size_t retained_tokens() const;         // summed over all (sequence, layer, KV head) tables
+  size_t retained_tokens(int seq) const;  // over the (layer, KV head) tables of one sequence
 
  private:
   size_t index(int seq, int layer, int kv_head) const {

@@ -183,7 +183,11 @@ void KvPolicy::plan_budgets(const KvLayout& layout, int seq, int prompt_len) {
   const int base = head.empty() ? 1 : head[0];  // without a plan every head starts equal
   if (head_adaptive()) {
     // Ada-KV: per layer, a floor per head, then the rest of the layer's budget goes to the best
-    // (pooled) scores across its heads.
+    // (pooled) scores across its heads. The layers are apart, so a long prompt's run on all
+    // threads.
+    [[maybe_unused]] const bool parallel =
+        static_cast<int64_t>(layout.retained_tokens(seq)) >= kParallelSlots;
+#pragma omp parallel for schedule(dynamic, 1) if (parallel)
     for (int l = 0; l < L; ++l) {
       int64_t layer_total = 0;
       for (int h = 0; h < H; ++h) layer_total += head[static_cast<size_t>(l) * H + h];
