@@ -16,8 +16,8 @@
 #   the host, so the GPU engine refuses it]
 #   PPL_SAMPLES [26: the windows of CONTEXT - 1 tokens data/eval/heldout.txt holds at 2048]
 #   FILLER [data/eval/heldout.txt: needle facts hidden in prose]
-#   RESERVE [none: the defaults]: the reserve's options for `ekva eval`; the published tables of
-#   docs/RESULTS.md were made before the defaults moved, with "--reserve-threshold 3
+#   RESERVE [none: the defaults]: the reserve's options for `ekva eval`; docs/RESULTS.md's first
+#   published tables were made before the defaults moved, with "--reserve-threshold 3
 #   --reserve-span 0"
 #   TIME_LIMIT [none]: seconds for the whole grid; runs are cut at its end and none starts in its
 #   last 30 s. A cut run leaves no results.json in its directory (its log says how far it got).
