@@ -145,8 +145,8 @@ AttentionResult time_attention(Pool& pool, int batch, const std::vector<int32_t>
   const DecodeAttentionPlan plan(shape, lengths);
   std::printf("  (B=%d: %d CTAs, %d pieces, %d rotated replicas)\n", batch, plan.num_ctas(),
               plan.num_pieces(), replicas);
-  DeviceBuffer<uint8_t> workspace(plan.workspace_bytes());
-  plan.upload(workspace.data(), stream);
+  DeviceBuffer<uint8_t> schedule(plan.schedule_bytes()), scratch(plan.scratch_bytes());
+  plan.upload(schedule.data(), scratch.data(), stream);
   const size_t q_elems = static_cast<size_t>(batch) * kNumQHeads * kHeadDim;
   DeviceBuffer<uint16_t> q(q_elems * replicas), out(q_elems);
   fill_random(q.data(), q.size(), 99);
@@ -157,7 +157,7 @@ AttentionResult time_attention(Pool& pool, int batch, const std::vector<int32_t>
   const double ms = time_graph(stream, calls, 9, [&](int i) {
     const int r = i % replicas;
     plan.run(views[r], q.data() + r * q_elems, out.data(), with_scores ? scores.data() : nullptr,
-             workspace.data(), stream);
+             schedule.data(), scratch.data(), stream);
   });
   return {ms, kv_bytes};
 }

@@ -1,6 +1,7 @@
 #include "backend/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <cstring>
 #include <mutex>
 #include <numeric>
 
@@ -78,17 +79,17 @@ size_t step_workspace_bytes(const ModelSpec& s, int step_tokens, int num_sequenc
                            + moe_layers * k       // experts_
                            + k                    // expert_rows_
                            + 5 * k) +             // pair_ints_
-                      L * (2 * S * H + 1) +
-                      static_cast<size_t>(pool_pages) + 2;  // tables
-  // The decode attention's workspace: its schedule and partials, and the scores of one layer's
-  // retained slots per query head of a group.
+                      L * (2 * S * H + 1 + 16) +
+                      2 * static_cast<size_t>(pool_pages) + 2;  // tables, with room to grow
+  // The decode attention: each layer's schedule, and the scratch the layers share (partials, and
+  // the scores of one layer's retained slots per query head of a group).
   const size_t group = static_cast<size_t>(s.num_heads / std::max(s.num_kv_heads, 1));
-  const size_t pieces = S * H + 4096;  // a piece per segment plus the splits of a grid
+  const size_t pieces = S * H + 4096;  // a piece per segment plus one per CTA of a grid
   const size_t layer_rows =
       2 * static_cast<size_t>(pool_pages) * static_cast<size_t>(page_size) / std::max<size_t>(L, 1);
-  const size_t decode =
-      pieces * (4 * sizeof(int32_t) + group * (s.head_dim * sizeof(uint16_t) + 2 * sizeof(float))) +
-      S * H * 3 * sizeof(int32_t) + layer_rows * group * sizeof(float);
+  const size_t decode = L * (2 * pieces * 4 + 2 * S * H + 2) * sizeof(int32_t) +
+                        pieces * group * (s.head_dim * sizeof(uint16_t) + 2 * sizeof(float)) +
+                        S * H * sizeof(int32_t) + layer_rows * group * sizeof(float);
   // Evictions: a decode selection's parameters and results per segment, and the rows and scores
   // of one sequence's retained slots (sync_scores, a host selection's flags, pinned positions).
   const size_t sequence_rows = static_cast<size_t>(s.max_position) * L * H;
@@ -129,6 +130,7 @@ CudaBackend::CudaBackend(std::shared_ptr<const DeviceModel> weights, int64_t row
 }
 
 CudaBackend::~CudaBackend() {
+  for (StepGraph& g : graphs_) cudaGraphExecDestroy(g.exec);
   gemm_.reset();
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
@@ -151,8 +153,16 @@ std::unique_ptr<Backend> CudaBackend::clone() const {
 template <typename T>
 T* CudaBackend::scratch(DeviceBuffer<T>& buffer, size_t count) {
   if (buffer.size() < count) {
+    // A capture follows a step of the same shape that grew nothing (forward_decode).
+    if (capturing_) {
+      fail(ErrorKind::kInvalidArgument,
+           "CUDA backend: a captured step needs a buffer of {} "
+           "elements where {} were reserved",
+           count, buffer.size());
+    }
     EKVA_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the old buffer may still be read
     buffer = DeviceBuffer<T>(std::max(count, buffer.size() * 2));
+    ++buffers_version_;
   }
   return buffer.data();
 }
@@ -178,23 +188,42 @@ void CudaBackend::upload_tables(const KvLayout& layout) {
   // tables go up again only when a page was added or released.
   if (tables_of_ == &layout && tables_version_ == layout.table_version()) return;
   const int S = layout.num_sequences(), H = layout.num_kv_heads(), L = layout.num_layers();
+  // Each layer's region: offsets [S*H + 1], lengths [S*H], then room for its page ids. The room
+  // only grows, and then to twice the need, so that the regions stay where a captured step reads
+  // them while pages come and go.
+  std::vector<size_t> pages(L, 0);
+  for (int l = 0; l < L; ++l) {
+    for (int s = 0; s < S; ++s) {
+      for (int h = 0; h < H; ++h) pages[l] += layout.table(s, l, h).pages.size();
+    }
+  }
+  bool moved = table_capacity_.size() != static_cast<size_t>(L);
+  for (int l = 0; l < L && !moved; ++l) moved = pages[l] > table_capacity_[l];
+  if (moved) {
+    table_capacity_.resize(L);
+    for (int l = 0; l < L; ++l) table_capacity_[l] = 2 * pages[l] + 16;
+    ++buffers_version_;
+  }
   std::vector<int32_t>& ints = tables_;
   std::vector<size_t>& at = table_at_;
-  ints.clear();
-  at.assign(L, 0);  // each layer's offsets, then lengths, then page ids
+  at.assign(L, 0);
+  size_t total = 0;
   for (int l = 0; l < L; ++l) {
-    at[l] = ints.size();
-    const size_t offsets = ints.size(), lengths = offsets + S * H + 1;
-    ints.resize(lengths + S * H);
-    ints[offsets] = 0;
+    at[l] = total;
+    total += 2 * static_cast<size_t>(S) * H + 1 + table_capacity_[l];
+  }
+  ints.assign(total, 0);
+  for (int l = 0; l < L; ++l) {
+    int32_t* offsets = ints.data() + at[l];
+    int32_t* lengths = offsets + S * H + 1;
+    int32_t* ids = lengths + S * H;
     for (int s = 0; s < S; ++s) {
       for (int h = 0; h < H; ++h) {
         const HeadTable& t = layout.table(s, l, h);
         const int segment = s * H + h;
-        ints.insert(ints.end(), t.pages.begin(), t.pages.end());
-        ints[offsets + segment + 1] =
-            ints[offsets + segment] + static_cast<int32_t>(t.pages.size());
-        ints[lengths + segment] = t.size();
+        std::copy(t.pages.begin(), t.pages.end(), ids + offsets[segment]);
+        offsets[segment + 1] = offsets[segment] + static_cast<int32_t>(t.pages.size());
+        lengths[segment] = t.size();
       }
     }
   }
@@ -218,7 +247,45 @@ void CudaBackend::upload_tables(const KvLayout& layout) {
   tables_version_ = layout.table_version();
 }
 
-void CudaBackend::attention_block(int layer, const StepPlan& plan, bool decode, bool scoring) {
+void CudaBackend::plan_decode_attention(const StepPlan& plan, bool scoring) {
+  const ModelSpec& s = weights_->spec();
+  const DecodeAttentionShape shape{plan.num_sequences, s.num_heads,         s.num_kv_heads,
+                                   s.head_dim,         views_[0].page_size, scoring};
+  if (decode_grid_ctas_ == 0) decode_grid_ctas_ = DecodeAttentionPlan::grid_ctas(shape);
+  const size_t segments = static_cast<size_t>(plan.num_sequences) * s.num_kv_heads;
+  decode_plans_.clear();
+  decode_plans_.reserve(s.num_layers);
+  size_t scratch_bytes = 0;
+  for (int l = 0; l < s.num_layers; ++l) {
+    const auto lengths = std::span<const int32_t>(plan.lengths).subspan(l * segments, segments);
+    // Layers that retain the same counts (all of them at full KV) share one schedule.
+    const auto previous =
+        std::span<const int32_t>(plan.lengths).subspan((l > 0 ? l - 1 : 0) * segments, segments);
+    if (l > 0 && std::equal(lengths.begin(), lengths.end(), previous.begin())) {
+      decode_plans_.push_back(decode_plans_.back());
+    } else {
+      decode_plans_.emplace_back(shape, lengths, decode_grid_ctas_);
+    }
+    scratch_bytes = std::max(scratch_bytes, decode_plans_.back().scratch_bytes());
+  }
+  const size_t schedule_bytes = decode_plans_[0].schedule_bytes();
+  const size_t bytes = schedule_bytes * s.num_layers;
+  uint8_t* host = staging(decode_schedules_host_, bytes);
+  for (int l = 0; l < s.num_layers; ++l) {
+    const std::span<const int32_t> schedule = decode_plans_[l].schedule();
+    std::memcpy(host + l * schedule_bytes, schedule.data(), schedule_bytes);
+  }
+  EKVA_CUDA_CHECK(cudaMemcpyAsync(scratch(decode_schedules_, bytes), host, bytes,
+                                  cudaMemcpyHostToDevice, stream_));
+  const bool grows = decode_scratch_.size() < scratch_bytes;
+  uint8_t* scratch_memory = scratch(decode_scratch_, scratch_bytes);
+  if (grows) {
+    EKVA_CUDA_CHECK(cudaMemsetAsync(scratch_memory, 0, decode_scratch_.bytes(), stream_));
+  }
+}
+
+void CudaBackend::attention_block(int layer, const StepPlan& plan, bool decode_kernel,
+                                  bool scoring) {
   const int n = plan.batch.size();
   const DeviceModel& w = *weights_;
   const ModelSpec& s = w.spec();
@@ -260,25 +327,15 @@ void CudaBackend::attention_block(int layer, const StepPlan& plan, bool decode, 
   append.count = n;
   append_kv(views_[layer], append, stream_);
   uint16_t* out = scratch(attn_bf16_, static_cast<size_t>(n) * s.q_dim());
-  const DecodeAttentionShape shape{plan.num_sequences,      s.num_heads, s.num_kv_heads, d,
-                                   views_[layer].page_size, scoring};
-  if (decode && DecodeAttentionPlan::can_implement(shape)) {
-    const size_t segments = static_cast<size_t>(plan.num_sequences) * s.num_kv_heads;
-    const auto lengths = std::span<const int32_t>(plan.lengths).subspan(layer * segments, segments);
-    // Layers that retain the same counts (all of them at full KV) share one schedule: its upload
-    // is a host-to-device copy, and runs leave the workspace ready for the next.
-    if (!decode_plan_ || !std::equal(lengths.begin(), lengths.end(), decode_plan_lengths_.begin(),
-                                     decode_plan_lengths_.end())) {
-      decode_plan_.emplace(shape, lengths);
-      decode_plan_lengths_.assign(lengths.begin(), lengths.end());
-      decode_plan_->upload(scratch(decode_workspace_, decode_plan_->workspace_bytes()), stream_);
-    }
+  if (decode_kernel) {
     const size_t rows = static_cast<size_t>(plan.num_sequences) * s.q_dim();
     uint16_t* q_rows = scratch(decode_q_, rows);
     uint16_t* out_rows = scratch(decode_out_, rows);
     scatter_rows_bf16(q, sequences_, n, s.q_dim(), q_rows, stream_);
-    decode_plan_->run(views_[layer], q_rows, out_rows, scoring ? score_delta_.data() : nullptr,
-                      decode_workspace_.data(), stream_);
+    decode_plans_[layer].run(
+        views_[layer], q_rows, out_rows, scoring ? score_delta_.data() : nullptr,
+        decode_schedules_.data() + layer * decode_plans_[layer].schedule_bytes(),
+        decode_scratch_.data(), stream_);
     gather_rows(out_rows, sequences_, n, s.q_dim(), out, stream_);
   } else if (prefill_attention_supported(d)) {
     PrefillAttention attention;
@@ -355,8 +412,7 @@ void CudaBackend::moe_block(int layer, int moe_index, const StepPlan& plan, KvLa
   // Small steps (decode) keep the experts on the device: no host round trip per layer, and each
   // touched expert's weights read once on the tensor cores. Larger ones (prefill) sort on the
   // host and call cuBLAS per touched expert.
-  if (observer == nullptr && n <= kMaxGroupedTokens && grouped_gemm_supported(hidden, E) &&
-      grouped_gemm_supported(s.expert_intermediate, E)) {
+  if (experts_on_device(n, observer)) {
     grouped_experts(layer, n, experts_d, gates_d, y, delta);
     routed_on_device_.emplace_back(layer, moe_index);
   } else {
@@ -373,6 +429,13 @@ void CudaBackend::moe_block(int layer, int moe_index, const StepPlan& plan, KvLa
     mlp(D.shared, x_bf16_.data(), n, y);
     scatter_add_rows(y, nullptr, weight, n, hidden, delta, stream_);
   }
+}
+
+bool CudaBackend::experts_on_device(int n, const ForwardObserver* observer) const {
+  const ModelSpec& s = weights_->spec();
+  return observer == nullptr && n <= kMaxGroupedTokens &&
+         grouped_gemm_supported(s.hidden_size, s.num_experts) &&
+         grouped_gemm_supported(s.expert_intermediate, s.num_experts);
 }
 
 void CudaBackend::grouped_experts(int layer, int n, const int32_t* experts, const float* gates,
@@ -516,7 +579,7 @@ std::vector<float> CudaBackend::run(const StepPlan& plan, KvLayout& layout,
   const ForwardBatch& batch = plan.batch;
   const DeviceModel& w = *weights_;
   const ModelSpec& s = w.spec();
-  const int n = batch.size(), hidden = s.hidden_size;
+  const int n = batch.size();
   const int rows = static_cast<int>(plan.logit_rows.size());
   if (n == 0) return {};
 
@@ -552,7 +615,6 @@ std::vector<float> CudaBackend::run(const StepPlan& plan, KvLayout& layout,
   step.insert(step.end(), voters.begin(), voters.end());
   upload_step(step);
   upload_tables(layout);
-  decode_plan_.reset();
   sequences_ = tokens_ + n;
   positions_ = tokens_ + 2 * n;
   slots_ = tokens_ + 3 * n;
@@ -568,38 +630,23 @@ std::vector<float> CudaBackend::run(const StepPlan& plan, KvLayout& layout,
         cudaMemcpyAsync(flags, batch.score_query.data(), n, cudaMemcpyHostToDevice, stream_));
     EKVA_CUDA_CHECK(cudaMemsetAsync(score_delta_.data(), 0, rows_in_use * sizeof(float), stream_));
   }
-
-  float* x = scratch(x_, static_cast<size_t>(n) * hidden);
-  scratch(normed_, static_cast<size_t>(n) * hidden);
-  const size_t routed = static_cast<size_t>(s.num_moe_layers()) * n * std::max(s.top_k, 1);
-  scratch(experts_, routed);
-  scratch(gates_, routed);
-  routed_on_device_.clear();
-  scratch(x_bf16_, static_cast<size_t>(n) * hidden);
-  embed_rows(w.embed().data.data(), tokens_, n, hidden, x, stream_);
-  const float eps = static_cast<float>(s.rms_eps);
-  int moe_index = 0;
-  for (int l = 0; l < s.num_layers; ++l) {
-    const DeviceLayer& D = w.layer(l);
-    rms_norm(x, n, hidden, D.attn_norm.data(), eps, nullptr, x_bf16_.data(), stream_);
-    attention_block(l, plan, decode, scoring);
-    add_in_place(x, delta_.data(), static_cast<int64_t>(n) * hidden, stream_);
-    rms_norm(x, n, hidden, D.mlp_norm.data(), eps, normed_.data(), x_bf16_.data(), stream_);
-    moe_block(l, moe_index, plan, layout, observer);
-    if (s.layer_is_moe[l]) ++moe_index;
-    add_in_place(x, delta_.data(), static_cast<int64_t>(n) * hidden, stream_);
+  const bool decode_kernel =
+      decode && DecodeAttentionPlan::can_implement({plan.num_sequences, s.num_heads, s.num_kv_heads,
+                                                    s.head_dim, layout.page_size(), scoring});
+  if (decode_kernel) plan_decode_attention(plan, scoring);
+  if (decode_kernel && experts_on_device(n, observer)) {
+    forward_decode(plan, layout, scoring);
+  } else {
+    forward(plan, layout, observer, decode_kernel, scoring);
   }
-  rms_norm(x, n, hidden, w.final_norm().data(), eps, nullptr, x_bf16_.data(), stream_);
-  uint16_t* x_rows = scratch(rows_bf16_, static_cast<size_t>(rows) * hidden);
-  gather_rows(x_bf16_.data(), logit_rows_, rows, hidden, x_rows, stream_);
-  float* logits_d = scratch(logits_, static_cast<size_t>(rows) * s.vocab_size);
-  gemm_->bf16(x_rows, rows, w.lm_head().data.data(), s.vocab_size, hidden, logits_d);
+
   const size_t logit_count = static_cast<size_t>(rows) * s.vocab_size;
   float* logits_h = staging(logits_host_, logit_count);
-  EKVA_CUDA_CHECK(cudaMemcpyAsync(logits_h, logits_d, logit_count * sizeof(float),
+  EKVA_CUDA_CHECK(cudaMemcpyAsync(logits_h, logits_.data(), logit_count * sizeof(float),
                                   cudaMemcpyDeviceToHost, stream_));
   if (scoring)
     add_scores(meta_.data(), score_delta_.data(), static_cast<int64_t>(rows_in_use), stream_);
+  const size_t routed = static_cast<size_t>(s.num_moe_layers()) * n * std::max(s.top_k, 1);
   std::vector<int32_t> experts;
   if (!routed_on_device_.empty()) {
     experts.resize(routed);
@@ -618,6 +665,96 @@ std::vector<float> CudaBackend::run(const StepPlan& plan, KvLayout& layout,
     record_routing(layer, plan, layout, experts.data() + static_cast<size_t>(index) * n * s.top_k);
   }
   return logits;
+}
+
+void CudaBackend::forward(const StepPlan& plan, KvLayout& layout, ForwardObserver* observer,
+                          bool decode_kernel, bool scoring) {
+  const DeviceModel& w = *weights_;
+  const ModelSpec& s = w.spec();
+  const int n = plan.batch.size(), hidden = s.hidden_size;
+  const int rows = static_cast<int>(plan.logit_rows.size());
+  float* x = scratch(x_, static_cast<size_t>(n) * hidden);
+  scratch(normed_, static_cast<size_t>(n) * hidden);
+  const size_t routed = static_cast<size_t>(s.num_moe_layers()) * n * std::max(s.top_k, 1);
+  scratch(experts_, routed);
+  scratch(gates_, routed);
+  routed_on_device_.clear();
+  scratch(x_bf16_, static_cast<size_t>(n) * hidden);
+  embed_rows(w.embed().data.data(), tokens_, n, hidden, x, stream_);
+  const float eps = static_cast<float>(s.rms_eps);
+  int moe_index = 0;
+  for (int l = 0; l < s.num_layers; ++l) {
+    const DeviceLayer& D = w.layer(l);
+    rms_norm(x, n, hidden, D.attn_norm.data(), eps, nullptr, x_bf16_.data(), stream_);
+    attention_block(l, plan, decode_kernel, scoring);
+    add_in_place(x, delta_.data(), static_cast<int64_t>(n) * hidden, stream_);
+    rms_norm(x, n, hidden, D.mlp_norm.data(), eps, normed_.data(), x_bf16_.data(), stream_);
+    moe_block(l, moe_index, plan, layout, observer);
+    if (s.layer_is_moe[l]) ++moe_index;
+    add_in_place(x, delta_.data(), static_cast<int64_t>(n) * hidden, stream_);
+  }
+  rms_norm(x, n, hidden, w.final_norm().data(), eps, nullptr, x_bf16_.data(), stream_);
+  uint16_t* x_rows = scratch(rows_bf16_, static_cast<size_t>(rows) * hidden);
+  gather_rows(x_bf16_.data(), logit_rows_, rows, hidden, x_rows, stream_);
+  float* logits = scratch(logits_, static_cast<size_t>(rows) * s.vocab_size);
+  gemm_->bf16(x_rows, rows, w.lm_head().data.data(), s.vocab_size, hidden, logits);
+}
+
+void CudaBackend::forward_decode(const StepPlan& plan, KvLayout& layout, bool scoring) {
+  const StepShape shape{plan.batch.size(),  static_cast<int>(plan.logit_rows.size()),
+                        plan.num_sequences, scoring,
+                        disabled_,          buffers_version_};
+  // Captures that read buffers since moved cannot replay.
+  std::erase_if(graphs_, [&](StepGraph& g) {
+    if (g.shape.buffers == buffers_version_) return false;
+    cudaGraphExecDestroy(g.exec);
+    return true;
+  });
+  auto found = std::find_if(graphs_.begin(), graphs_.end(),
+                            [&](const StepGraph& g) { return g.shape == shape; });
+  if (found == graphs_.end() && eager_shape_ != shape) {
+    // Launch by launch; a step of this shape that moves no buffer may then be captured.
+    forward(plan, layout, nullptr, true, scoring);
+    if (buffers_version_ == shape.buffers) {
+      eager_shape_ = shape;
+    } else {
+      eager_shape_.reset();
+    }
+    return;
+  }
+  if (found == graphs_.end()) {
+    cudaGraph_t graph = nullptr;
+    EKVA_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    capturing_ = true;
+    try {
+      forward(plan, layout, nullptr, true, scoring);
+    } catch (...) {
+      capturing_ = false;
+      cudaStreamEndCapture(stream_, &graph);  // ends the capture; its own error is the caught one's
+      if (graph != nullptr) cudaGraphDestroy(graph);
+      throw;
+    }
+    capturing_ = false;
+    EKVA_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    EKVA_CUDA_CHECK(instantiated);
+    // A server alternates among a few batch sizes; more shapes than that are not worth keeping.
+    constexpr size_t kMaxGraphs = 8;
+    if (graphs_.size() == kMaxGraphs) {
+      cudaGraphExecDestroy(graphs_.back().exec);
+      graphs_.pop_back();
+    }
+    graphs_.insert(graphs_.begin(), StepGraph{shape, exec, routed_on_device_});
+    found = graphs_.begin();
+  } else {
+    std::rotate(graphs_.begin(), found, found + 1);  // the latest first
+    found = graphs_.begin();
+    routed_on_device_ = found->routed_on_device;
+  }
+  EKVA_CUDA_CHECK(cudaGraphLaunch(found->exec, stream_));
+  ++graph_steps_;
 }
 
 void CudaBackend::apply(const EvictionPlan& plan, KvLayout& layout) {

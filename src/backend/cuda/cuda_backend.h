@@ -6,6 +6,12 @@
 // pages (sync_scores copies a sequence's to the host when a selection is made there). A decode
 // step's evictions are selected on the device; a prompt's compression and group quotas on the host
 // (select_plan_evictions). Either way the device compacts and the host mirror follows.
+//
+// A decode step whose experts stay on the device runs as one CUDA graph: the first step of a
+// shape runs its launches one by one, the next captures them, and later steps replay the capture.
+// Everything a step changes (its inputs, the block tables, the decode attention's schedules) is
+// copied, before the replay, to device buffers the capture reads in place; a buffer that moves (it
+// grew) retires the captures that read it.
 #include <cuda_runtime_api.h>
 
 #include <memory>
@@ -41,6 +47,8 @@ class CudaBackend : public Backend {
   void apply_all(std::span<const EvictionPlan> plans, KvLayout& layout) override;
   void sync_scores(int seq, KvLayout& layout) override;
   void disable_expert(int layer, int expert) override { disabled_ = {layer, expert}; }
+  // Steps run as a captured CUDA graph, since construction.
+  int64_t graph_steps() const { return graph_steps_; }
 
  private:
   // Shares `weights` (one upload for every clone); a pool of pool_rows rows.
@@ -56,6 +64,14 @@ class CudaBackend : public Backend {
   void upload_step(const std::vector<int32_t>& step_ints);
   // Uploads every layer's block tables unless the device has them; sets views_.
   void upload_tables(const KvLayout& layout);
+  // A decode step's attention schedules, one per layer, to the device (decode_plans_).
+  void plan_decode_attention(const StepPlan& plan, bool scoring);
+  // Embedding to logits_ (logit rows x vocabulary): every launch of a step, and nothing else, so
+  // that a decode step can be captured.
+  void forward(const StepPlan& plan, KvLayout& layout, ForwardObserver* observer,
+               bool decode_kernel, bool scoring);
+  // forward() for a decode step: replays its capture, captures it, or runs it (see above).
+  void forward_decode(const StepPlan& plan, KvLayout& layout, bool scoring);
   // The host's scores of `seq` to the device, after a selection on the host pooled them (the
   // inverse of sync_scores).
   void upload_scores(int seq, const KvLayout& layout);
@@ -66,12 +82,14 @@ class CudaBackend : public Backend {
   void evict_on_device(std::span<const EvictionPlan> plans, const std::vector<uint8_t>& on_host,
                        const std::vector<size_t>& listed_at, const std::vector<size_t>& pinned_at,
                        const KvLayout& layout, std::vector<TableEviction>& evicted);
-  // decode: the step holds at most one token per sequence, so the decode attention kernel (one
-  // query per sequence over every retained slot) serves it.
-  void attention_block(int layer, const StepPlan& plan, bool decode, bool scoring);
+  // decode_kernel: the step holds at most one token per sequence, so the decode attention kernel
+  // (one query per sequence over every retained slot) serves it, with decode_plans_[layer].
+  void attention_block(int layer, const StepPlan& plan, bool decode_kernel, bool scoring);
   void mlp(const DeviceMlp& mlp, const uint16_t* x, int rows, float* y);
   void moe_block(int layer, int moe_index, const StepPlan& plan, KvLayout& layout,
                  ForwardObserver* observer);
+  // Whether a step of n tokens keeps its routed experts on the device (grouped_experts).
+  bool experts_on_device(int n, const ForwardObserver* observer) const;
   // The routed experts of a small step, on the device alone; the host learns the routing when
   // the step ends.
   void grouped_experts(int layer, int n, const int32_t* experts, const float* gates, float* y,
@@ -122,14 +140,41 @@ class CudaBackend : public Backend {
       shared_weight_, logits_;
   DeviceBuffer<uint16_t> x_bf16_, attn_bf16_, rows_bf16_, hidden_bf16_;
   DeviceBuffer<uint16_t> decode_q_, decode_out_;  // [sequences, query heads, head_dim]
-  DeviceBuffer<uint8_t> decode_workspace_;
-  std::optional<DecodeAttentionPlan> decode_plan_;  // this step's last, with the lengths it took
-  std::vector<int32_t> decode_plan_lengths_;
+  // A decode step's attention: a plan per layer, their schedules on the device at fixed places
+  // (layer x schedule bytes), staged in pinned memory, and one scratch the layers share (zeroed
+  // when allocated: runs leave it ready for the next).
+  std::vector<DecodeAttentionPlan> decode_plans_;
+  int64_t decode_grid_ctas_ = 0;
+  DeviceBuffer<uint8_t> decode_schedules_, decode_scratch_;
+  PinnedBuffer<uint8_t> decode_schedules_host_;
   DeviceBuffer<int32_t> experts_, expert_rows_, pair_ints_;  // experts_: [MoE layer, token, k]
   DeviceBuffer<float> expert_gates_, pair_gates_;
   // This step's (layer, MoE index) whose routing is still on the device.
   std::vector<std::pair<int, int>> routed_on_device_;
   std::pair<int, int> disabled_{-1, -1};
+
+  // What a captured decode step bakes in besides the device buffers' places.
+  struct StepShape {
+    int tokens = 0;
+    int logit_rows = 0;
+    int num_sequences = 0;
+    bool scoring = false;
+    std::pair<int, int> disabled{-1, -1};
+    uint64_t buffers = 0;  // buffers_version_ at capture
+    bool operator==(const StepShape&) const = default;
+  };
+  struct StepGraph {
+    StepShape shape;
+    cudaGraphExec_t exec = nullptr;
+    std::vector<std::pair<int, int>> routed_on_device;
+  };
+  // Counts the moves of device buffers a step reads (a scratch that grew, tables laid out anew).
+  uint64_t buffers_version_ = 0;
+  std::vector<size_t> table_capacity_;    // each layer's room for page ids in ints_
+  std::vector<StepGraph> graphs_;         // the latest first
+  std::optional<StepShape> eager_shape_;  // the last step run launch by launch, buffers unmoved
+  bool capturing_ = false;
+  int64_t graph_steps_ = 0;
 };
 
 // The factory an EngineOptions takes to run on the GPU. Its engines share one upload of a model's

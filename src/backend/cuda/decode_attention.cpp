@@ -26,7 +26,7 @@ size_t align_up(size_t bytes) {
 }
 
 // The kernels copy and prefetch the pool in 16-byte units, read q as bf16 pairs, write out as bf16
-// quads, and read the workspace's schedule and partials as 16-byte vectors.
+// quads, and read the schedule and the partials as 16-byte vectors.
 void check_aligned(const void* p, size_t bytes, const char* what) {
   if (reinterpret_cast<uintptr_t>(p) % bytes != 0) {
     fail(ErrorKind::kInvalidArgument, "CUDA decode attention: {} must be {}-byte aligned (got {})",
@@ -153,9 +153,26 @@ std::string DecodeAttentionPlan::unsupported_reason(const DecodeAttentionShape& 
   return {};
 }
 
+int64_t DecodeAttentionPlan::grid_ctas(const DecodeAttentionShape& shape) {
+  if (const std::string reason = unsupported_reason(shape); !reason.empty()) {
+    fail(ErrorKind::kUnsupported, "CUDA decode attention: {}", reason);
+  }
+  int device = 0;
+  int num_sms = 0;
+  EKVA_CUDA_CHECK(cudaGetDevice(&device));
+  EKVA_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+  const int group = shape.num_q_heads / shape.num_kv_heads;
+  return static_cast<int64_t>(num_sms) *
+         std::max(1, decode_attention_ctas_per_sm(shape.head_dim, group));
+}
+
 DecodeAttentionPlan::DecodeAttentionPlan(const DecodeAttentionShape& shape,
                                          std::span<const int32_t> lengths)
-    : shape_(shape) {
+    : DecodeAttentionPlan(shape, lengths, grid_ctas(shape)) {}
+
+DecodeAttentionPlan::DecodeAttentionPlan(const DecodeAttentionShape& shape,
+                                         std::span<const int32_t> lengths, int64_t grid_ctas)
+    : shape_(shape), grid_ctas_(grid_ctas) {
   if (const std::string reason = unsupported_reason(shape); !reason.empty()) {
     fail(ErrorKind::kUnsupported, "CUDA decode attention: {}", reason);
   }
@@ -165,55 +182,58 @@ DecodeAttentionPlan::DecodeAttentionPlan(const DecodeAttentionShape& shape,
          "CUDA decode attention: {} lengths given for {} sequences x {} KV heads", lengths.size(),
          shape.num_sequences, shape.num_kv_heads);
   }
-  int device = 0;
-  int num_sms = 0;
-  EKVA_CUDA_CHECK(cudaGetDevice(&device));
-  EKVA_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
-  const int group = shape.num_q_heads / shape.num_kv_heads;
-  const int ctas_per_sm = std::max(1, decode_attention_ctas_per_sm(shape.head_dim, group));
-
-  const DecodeSchedule schedule =
-      make_decode_schedule(lengths, static_cast<int64_t>(num_sms) * ctas_per_sm);
+  const DecodeSchedule schedule = make_decode_schedule(lengths, grid_ctas);
   total_tokens_ = schedule.segment_token_offsets.back();
   num_pieces_ = schedule.num_pieces();
   num_ctas_ = schedule.num_ctas();
-  schedule_ = schedule.pieces;
-  for (int c = 0; c < num_ctas_; ++c) {
-    const int32_t* first = &schedule.pieces[static_cast<size_t>(schedule.cta_piece_offsets[c]) * 4];
-    schedule_.insert(schedule_.end(),
-                     {first[0], first[1], first[2], schedule.cta_piece_offsets[c]});
+  // Every CTA closes a piece at most once in the middle of a segment, so a schedule has at most
+  // a piece per segment plus one per CTA: the size that makes the layout the shape's alone.
+  const size_t max_pieces = static_cast<size_t>(num_segments) + static_cast<size_t>(grid_ctas);
+  const size_t ints = 4 * (static_cast<size_t>(grid_ctas) + 1 + max_pieces) +
+                      2 * (static_cast<size_t>(num_segments) + 1);
+  schedule_.assign(align_up(ints * sizeof(int32_t)) / sizeof(int32_t), 0);
+  int32_t* starts = schedule_.data();
+  for (int64_t c = 0; c <= grid_ctas; ++c) {
+    // CTAs past the schedule's own start at its end: they have no pieces and return at once.
+    const int32_t first = c < num_ctas_ ? schedule.cta_piece_offsets[c] : num_pieces_;
+    if (first < num_pieces_) {
+      std::copy_n(&schedule.pieces[static_cast<size_t>(first) * 4], 3, starts + 4 * c);
+    }
+    starts[4 * c + 3] = first;
   }
-  schedule_.insert(schedule_.end(), {0, 0, 0, num_pieces_});
-  schedule_.insert(schedule_.end(), schedule.segment_piece_offsets.begin(),
-                   schedule.segment_piece_offsets.end());
-  schedule_.insert(schedule_.end(), schedule.segment_token_offsets.begin(),
-                   schedule.segment_token_offsets.end());
+  int32_t* pieces = starts + 4 * (grid_ctas + 1);
+  std::copy(schedule.pieces.begin(), schedule.pieces.end(), pieces);
+  int32_t* offsets = pieces + 4 * max_pieces;
+  std::copy(schedule.segment_piece_offsets.begin(), schedule.segment_piece_offsets.end(), offsets);
+  std::copy(schedule.segment_token_offsets.begin(), schedule.segment_token_offsets.end(),
+            offsets + num_segments + 1);
 
-  const size_t partials = static_cast<size_t>(num_pieces_) * group;
-  counters_offset_ = align_up(schedule_.size() * sizeof(int32_t));
-  partial_o_offset_ = counters_offset_ + align_up(num_segments * sizeof(int32_t));
+  const int group = shape.num_q_heads / shape.num_kv_heads;
+  const size_t partials = max_pieces * group;
+  partial_o_offset_ = align_up(num_segments * sizeof(int32_t));
   partial_ml_offset_ = partial_o_offset_ + align_up(partials * shape.head_dim * sizeof(uint16_t));
   logits_offset_ = partial_ml_offset_ + align_up(partials * sizeof(float2));
-  workspace_bytes_ =
+  scratch_bytes_ =
       logits_offset_ + (shape.with_scores
                             ? align_up(static_cast<size_t>(total_tokens_) * group * sizeof(float))
                             : 0);
 }
 
-void DecodeAttentionPlan::upload(void* workspace, cudaStream_t stream) const {
-  if (workspace == nullptr) {
-    fail(ErrorKind::kInvalidArgument, "CUDA decode attention: upload needs a workspace");
+void DecodeAttentionPlan::upload(void* schedule, void* scratch, cudaStream_t stream) const {
+  if (schedule == nullptr || scratch == nullptr) {
+    fail(ErrorKind::kInvalidArgument, "CUDA decode attention: upload needs a schedule and scratch");
   }
-  check_aligned(workspace, 16, "the workspace");
-  EKVA_CUDA_CHECK(cudaMemcpyAsync(workspace, schedule_.data(), schedule_.size() * sizeof(int32_t),
+  check_aligned(schedule, 16, "the schedule");
+  check_aligned(scratch, 16, "the scratch");
+  EKVA_CUDA_CHECK(cudaMemcpyAsync(schedule, schedule_.data(), schedule_bytes(),
                                   cudaMemcpyHostToDevice, stream));
   const size_t num_segments = static_cast<size_t>(shape_.num_sequences) * shape_.num_kv_heads;
-  EKVA_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(workspace) + counters_offset_, 0,
-                                  num_segments * sizeof(int32_t), stream));
+  EKVA_CUDA_CHECK(cudaMemsetAsync(scratch, 0, num_segments * sizeof(int32_t), stream));
 }
 
 void DecodeAttentionPlan::run(const PagedKvLayer& kv, const uint16_t* q, uint16_t* out,
-                              float* scores, void* workspace, cudaStream_t stream) const {
+                              float* scores, const void* schedule, void* scratch,
+                              cudaStream_t stream) const {
   if (kv.num_sequences != shape_.num_sequences || kv.num_kv_heads != shape_.num_kv_heads ||
       kv.head_dim != shape_.head_dim || kv.page_size != shape_.page_size) {
     fail(ErrorKind::kInvalidArgument,
@@ -223,21 +243,22 @@ void DecodeAttentionPlan::run(const PagedKvLayer& kv, const uint16_t* q, uint16_
          shape_.num_kv_heads, shape_.head_dim, shape_.page_size);
   }
   if (kv.pool == nullptr || kv.page_ids == nullptr || kv.page_offsets == nullptr || q == nullptr ||
-      out == nullptr || workspace == nullptr) {
+      out == nullptr || schedule == nullptr || scratch == nullptr) {
     fail(ErrorKind::kInvalidArgument,
-         "CUDA decode attention: pool, block tables, q, out and workspace must be set");
+         "CUDA decode attention: pool, block tables, q, out, schedule and scratch must be set");
   }
   check_aligned(kv.pool, 16, "the pool");
   check_aligned(q, 4, "q");
   check_aligned(out, 8, "out");
-  check_aligned(workspace, 16, "the workspace");
+  check_aligned(schedule, 16, "the schedule");
+  check_aligned(scratch, 16, "the scratch");
   if (shape_.with_scores != (scores != nullptr)) {
     fail(ErrorKind::kInvalidArgument,
          "CUDA decode attention: scores must be given exactly when the plan has with_scores");
   }
   const int num_segments = shape_.num_sequences * shape_.num_kv_heads;
-  auto* base = static_cast<char*>(workspace);
-  const auto* schedule = reinterpret_cast<const int32_t*>(base);
+  const size_t max_pieces = static_cast<size_t>(num_segments) + static_cast<size_t>(grid_ctas_);
+  auto* base = static_cast<char*>(scratch);
   DecodeLaunch launch{};
   launch.pool = kv.pool;
   launch.page_ids = kv.page_ids;
@@ -245,15 +266,15 @@ void DecodeAttentionPlan::run(const PagedKvLayer& kv, const uint16_t* q, uint16_
   launch.q = q;
   launch.out = out;
   launch.scores = scores;
-  launch.pieces = reinterpret_cast<const int4*>(schedule);
-  launch.cta_starts = launch.pieces + num_pieces_;
-  launch.segment_piece_offsets = schedule + 4 * (num_pieces_ + num_ctas_ + 1);
+  launch.cta_starts = static_cast<const int4*>(schedule);
+  launch.pieces = launch.cta_starts + grid_ctas_ + 1;
+  launch.segment_piece_offsets = reinterpret_cast<const int32_t*>(launch.pieces + max_pieces);
   launch.segment_token_offsets = launch.segment_piece_offsets + num_segments + 1;
   launch.partial_o = reinterpret_cast<uint16_t*>(base + partial_o_offset_);
   launch.partial_ml = reinterpret_cast<float2*>(base + partial_ml_offset_);
   launch.logits = shape_.with_scores ? reinterpret_cast<float*>(base + logits_offset_) : nullptr;
-  launch.segment_counters = reinterpret_cast<int32_t*>(base + counters_offset_);
-  launch.num_ctas = num_ctas_;
+  launch.segment_counters = reinterpret_cast<int32_t*>(base);
+  launch.num_ctas = static_cast<int>(grid_ctas_);
   launch.num_segments = num_segments;
   launch.num_q_heads = shape_.num_q_heads;
   launch.num_kv_heads = shape_.num_kv_heads;

@@ -7,8 +7,10 @@
 // Plan/run split, as FlashInfer: the plan turns the host's lengths into a balanced schedule (each
 // CTA of a persistent grid gets the same work in 64-slot tiles, cut across segments: split-K that
 // fills the GPU for one long sequence and for many short ones alike); upload() copies that schedule
-// into the caller's workspace; run() launches the attention kernel, which also merges the splits
-// (with per-slot scores, a second kernel merges them).
+// to the device; run() launches the attention kernel, which also merges the splits (with per-slot
+// scores, a second kernel merges them). The launch does not depend on the lengths: the grid is
+// always the whole persistent grid, and the schedule's size and layout depend on the shape alone,
+// so that a captured CUDA graph replays with the next step's schedule in the same place.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -65,36 +67,52 @@ class DecodeAttentionPlan {
     return unsupported_reason(shape).empty();
   }
 
+  // The persistent grid the kernel runs on the current device: its multiprocessors times the
+  // CTAs of the shape's kernel that fit on one.
+  static int64_t grid_ctas(const DecodeAttentionShape& shape);
+
   // lengths: the retained slots of each segment (sequence * num_kv_heads + kv_head), as the run
-  // will see them. Uses the current device's multiprocessor count and occupancy.
+  // will see them; grid_ctas as above (the first form asks the device).
   DecodeAttentionPlan(const DecodeAttentionShape& shape, std::span<const int32_t> lengths);
+  DecodeAttentionPlan(const DecodeAttentionShape& shape, std::span<const int32_t> lengths,
+                      int64_t grid_ctas);
 
-  size_t workspace_bytes() const { return workspace_bytes_; }
-  // Copies the schedule into the workspace and zeroes the merge counters (stream-ordered); needed
-  // once per plan and workspace, as runs leave the counters at zero.
-  void upload(void* workspace, cudaStream_t stream) const;
+  // The schedule's bytes on the device: the same for every plan of a shape and grid.
+  size_t schedule_bytes() const { return schedule_.size() * sizeof(int32_t); }
+  // The scratch a run needs: merge counters, the splits' partials and, with scores, the logits
+  // of the layer's retained slots (the only part that grows with the lengths). Plans of one shape
+  // can share a scratch, one run after another.
+  size_t scratch_bytes() const { return scratch_bytes_; }
+  // The schedule as upload() copies it, for a caller that stages several plans' at once.
+  std::span<const int32_t> schedule() const { return schedule_; }
+  // Copies the schedule to `schedule` and zeroes the scratch's merge counters (stream-ordered).
+  // Runs leave the counters at zero, so a scratch needs zeroing once, not once per plan.
+  void upload(void* schedule, void* scratch, cudaStream_t stream) const;
   // q and out: [num_sequences, num_q_heads, head_dim] bf16, q 4-byte and out 8-byte aligned; the
-  // pool and the workspace 16-byte aligned. scores: null, or (with_scores) a pool-parallel float
-  // array that receives, for every retained slot, the attention weight summed over the query heads
-  // of its KV head.
-  void run(const PagedKvLayer& kv, const uint16_t* q, uint16_t* out, float* scores, void* workspace,
-           cudaStream_t stream) const;
+  // pool, the schedule and the scratch 16-byte aligned. scores: null, or (with_scores) a
+  // pool-parallel float array that receives, for every retained slot, the attention weight summed
+  // over the query heads of its KV head.
+  void run(const PagedKvLayer& kv, const uint16_t* q, uint16_t* out, float* scores,
+           const void* schedule, void* scratch, cudaStream_t stream) const;
 
+  // The CTAs the schedule gives work to (the launch is always the whole grid).
   int num_ctas() const { return num_ctas_; }
   int num_pieces() const { return num_pieces_; }
   int64_t total_tokens() const { return total_tokens_; }
 
  private:
   DecodeAttentionShape shape_;
+  int64_t grid_ctas_ = 0;
   int num_ctas_ = 0;
   int num_pieces_ = 0;
   int64_t total_tokens_ = 0;
-  std::vector<int32_t> schedule_;  // pieces, CTA starts, segment piece/token offsets
-  size_t counters_offset_ = 0;
-  size_t partial_o_offset_ = 0;
+  // CTA starts [grid + 1] and pieces [segments + grid] (4 ints each), then the segment piece and
+  // token offsets [segments + 1] each, zero-padded to 256 bytes.
+  std::vector<int32_t> schedule_;
+  size_t partial_o_offset_ = 0;  // in the scratch, after the merge counters
   size_t partial_ml_offset_ = 0;
   size_t logits_offset_ = 0;
-  size_t workspace_bytes_ = 0;
+  size_t scratch_bytes_ = 0;
 };
 
 }  // namespace ekva::cuda

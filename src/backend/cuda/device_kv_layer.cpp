@@ -76,9 +76,10 @@ void DeviceKvLayer::decode_attention(std::span<const float> q, int num_q_heads,
   std::transform(q.begin(), q.end(), bits.begin(), f32_to_bf16);
   DeviceBuffer<uint16_t> q_device{std::span<const uint16_t>(bits)};
   DeviceBuffer<uint16_t> out_device(elems);
-  DeviceBuffer<uint8_t> workspace(plan.workspace_bytes());
-  plan.upload(workspace.data(), stream);
-  plan.run(view_, q_device.data(), out_device.data(), nullptr, workspace.data(), stream);
+  DeviceBuffer<uint8_t> schedule(plan.schedule_bytes()), scratch(plan.scratch_bytes());
+  plan.upload(schedule.data(), scratch.data(), stream);
+  plan.run(view_, q_device.data(), out_device.data(), nullptr, schedule.data(), scratch.data(),
+           stream);
   EKVA_CUDA_CHECK(cudaMemcpyAsync(bits.data(), out_device.data(), out_device.bytes(),
                                   cudaMemcpyDeviceToHost, stream));
   EKVA_CUDA_CHECK(cudaStreamSynchronize(stream));

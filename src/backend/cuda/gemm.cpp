@@ -12,11 +12,18 @@ void check_cublas(cublasStatus_t status, const char* call) {
        "cuBLAS: {} failed: {}", call, cublasGetStatusString(status));
 }
 
+// What cuBLAS's documentation asks of a workspace on Hopper.
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
 }  // namespace
 
 Gemm::Gemm(cudaStream_t stream) : stream_(stream) {
   check_cublas(cublasCreate(&handle_), "cublasCreate");
   check_cublas(cublasSetStream(handle_, stream), "cublasSetStream");
+  // After cublasSetStream, which resets the workspace to the library's own.
+  workspace_ = DeviceBuffer<uint8_t>(kWorkspaceBytes);
+  check_cublas(cublasSetWorkspace(handle_, workspace_.data(), workspace_.bytes()),
+               "cublasSetWorkspace");
 }
 
 Gemm::~Gemm() {

@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "backend/cuda/device_buffer.h"
+
 namespace ekva::cuda {
 
 class Gemm {
@@ -23,6 +25,9 @@ class Gemm {
 
  private:
   cublasHandle_t handle_ = nullptr;
+  // cuBLAS's workspace, owned here: without one it allocates a new workspace for every CUDA graph
+  // a product is captured into.
+  DeviceBuffer<uint8_t> workspace_;
   cudaStream_t stream_ = nullptr;
 };
 

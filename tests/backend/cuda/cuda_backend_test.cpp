@@ -155,6 +155,9 @@ TEST_F(CudaEngineTest, GreedyTokensEqualTheCpuEngine) {
   }
   RecordProperty("checked_steps", checked);
   EXPECT_GT(checked, 12);
+  // The decode steps after the first two (one launch by launch, one captured) replay a graph,
+  // so the tokens above are the graph's.
+  EXPECT_GE(dynamic_cast<CudaBackend&>(gpu_engine.backend()).graph_steps(), 22);
 }
 
 // A decode step of several sequences takes the grouped expert kernels (routing on the device); the
@@ -289,6 +292,8 @@ TEST_P(CudaPolicyTest, RetainsTheCpuReferencePositions) {
   EXPECT_LE(after_prefill, kRetainedDifference * retained_slots);
   EXPECT_LE(after_decode, kRetainedDifference * retained_slots);
   EXPECT_EQ(cpu_engine.layout().retained_tokens(), gpu_engine.layout().retained_tokens());
+  // Evictions between the steps move no buffer a captured step reads, so most steps replay one.
+  EXPECT_GE(dynamic_cast<CudaBackend&>(gpu_engine.backend()).graph_steps(), 32);
 }
 
 // Every policy but full, and keydiff, which ranks keys this backend keeps on the device (the

@@ -84,17 +84,17 @@ void run_case(const Case& c, uint32_t seed) {
   const DecodeAttentionShape shape{c.num_sequences, num_q_heads, c.num_kv_heads,
                                    c.head_dim,      c.page_size, c.with_scores};
   const DecodeAttentionPlan plan(shape, lengths);
-  DeviceBuffer<uint8_t> workspace(plan.workspace_bytes());
+  DeviceBuffer<uint8_t> schedule(plan.schedule_bytes()), scratch(plan.scratch_bytes());
   DeviceBuffer<uint16_t> q_device{std::span<const uint16_t>(q_bits)};
   // Poisoned with NaN: an element the kernels fail to write shows up.
   DeviceBuffer<uint16_t> out{std::span<const uint16_t>(std::vector<uint16_t>(q.size(), 0x7fc0))};
   DeviceBuffer<float> scores(c.with_scores ? static_cast<size_t>(kv.pool_rows()) : 0);
-  plan.upload(workspace.data(), nullptr);
-  // Twice on one workspace: the second run relies on the first leaving its merge counters at zero.
+  plan.upload(schedule.data(), scratch.data(), nullptr);
+  // Twice on one scratch: the second run relies on the first leaving its merge counters at zero.
   for (int run = 0; run < 2; ++run) {
     EKVA_CUDA_CHECK(cudaMemset(out.data(), 0xff, out.size() * sizeof(uint16_t)));  // NaN
     plan.run(kv.view(), q_device.data(), out.data(), c.with_scores ? scores.data() : nullptr,
-             workspace.data(), nullptr);
+             schedule.data(), scratch.data(), nullptr);
   }
   EKVA_CUDA_CHECK(cudaDeviceSynchronize());
   const std::vector<uint16_t> got = out.download();
@@ -198,7 +198,9 @@ TEST_F(DecodeAttentionTest, RejectsMisalignedBuffers) {
   testing::fill_cache(cache, lengths, rng);
   DeviceKvLayer kv(cache.layout, cache.pages, 0);
   const DecodeAttentionPlan plan({1, 8, 2, 128, 16, false}, lengths);
-  DeviceBuffer<uint8_t> workspace(plan.workspace_bytes() + 16);
+  DeviceBuffer<uint8_t> schedule(plan.schedule_bytes() + 16), scratch(plan.scratch_bytes() + 16);
+  uint8_t* const sch = schedule.data();
+  uint8_t* const scr = scratch.data();
   DeviceBuffer<uint16_t> q(8 * 128 + 4), out(8 * 128 + 4);
   EKVA_CUDA_CHECK(cudaMemset(q.data(), 0, q.size() * sizeof(uint16_t)));
   const auto expect_rejected = [](const auto& call, const std::string& what) {
@@ -210,25 +212,29 @@ TEST_F(DecodeAttentionTest, RejectsMisalignedBuffers) {
       EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
     }
   };
-  expect_rejected([&] { plan.upload(workspace.data() + 8, nullptr); },
-                  "the workspace must be 16-byte aligned");
-  plan.upload(workspace.data(), nullptr);
+  expect_rejected([&] { plan.upload(sch + 8, scr, nullptr); },
+                  "the schedule must be 16-byte aligned");
+  expect_rejected([&] { plan.upload(sch, scr + 8, nullptr); },
+                  "the scratch must be 16-byte aligned");
+  plan.upload(sch, scr, nullptr);
   expect_rejected(
-      [&] { plan.run(kv.view(), q.data() + 1, out.data(), nullptr, workspace.data(), nullptr); },
+      [&] { plan.run(kv.view(), q.data() + 1, out.data(), nullptr, sch, scr, nullptr); },
       "q must be 4-byte aligned");
   expect_rejected(
-      [&] { plan.run(kv.view(), q.data(), out.data() + 2, nullptr, workspace.data(), nullptr); },
+      [&] { plan.run(kv.view(), q.data(), out.data() + 2, nullptr, sch, scr, nullptr); },
       "out must be 8-byte aligned");
   expect_rejected(
-      [&] { plan.run(kv.view(), q.data(), out.data(), nullptr, workspace.data() + 8, nullptr); },
-      "the workspace must be 16-byte aligned");
+      [&] { plan.run(kv.view(), q.data(), out.data(), nullptr, sch + 8, scr, nullptr); },
+      "the schedule must be 16-byte aligned");
+  expect_rejected(
+      [&] { plan.run(kv.view(), q.data(), out.data(), nullptr, sch, scr + 8, nullptr); },
+      "the scratch must be 16-byte aligned");
   PagedKvLayer shifted = kv.view();
   shifted.pool += 4;  // 8 bytes
-  expect_rejected(
-      [&] { plan.run(shifted, q.data(), out.data(), nullptr, workspace.data(), nullptr); },
-      "the pool must be 16-byte aligned");
+  expect_rejected([&] { plan.run(shifted, q.data(), out.data(), nullptr, sch, scr, nullptr); },
+                  "the pool must be 16-byte aligned");
   // Offsets that keep the alignment run.
-  plan.run(kv.view(), q.data() + 2, out.data() + 4, nullptr, workspace.data(), nullptr);
+  plan.run(kv.view(), q.data() + 2, out.data() + 4, nullptr, sch, scr, nullptr);
   EKVA_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
@@ -293,6 +299,8 @@ void check_schedule(const std::vector<int32_t>& lengths, int64_t grid_ctas) {
 
   ASSERT_GE(schedule.num_ctas(), 1);
   EXPECT_LE(schedule.num_ctas(), grid_ctas);
+  // The bound DecodeAttentionPlan sizes its schedule by.
+  EXPECT_LE(schedule.num_pieces(), static_cast<int64_t>(lengths.size()) + grid_ctas);
   EXPECT_EQ(schedule.cta_piece_offsets.front(), 0);
   EXPECT_EQ(schedule.cta_piece_offsets.back(), schedule.num_pieces());
   for (int c = 0; c < schedule.num_ctas(); ++c) {
@@ -335,6 +343,27 @@ TEST(DecodeAttentionPlanTest, ScheduleCoversEverySlotWithinTheQuota) {
   // The pieces and the logits scratch count slots in 32 bits.
   EXPECT_THROW(
       make_decode_schedule(std::vector<int32_t>{std::numeric_limits<int32_t>::max(), 1}, 4), Error);
+}
+
+// A captured step replays with the next step's schedule in the same place: the layout is the
+// shape's, whatever the lengths, and CTAs the schedule leaves idle start at its end.
+TEST(DecodeAttentionPlanTest, ScheduleLayoutDependsOnTheShapeAlone) {
+  const DecodeAttentionShape shape{3, 8, 2, 128, 16, false};
+  const int64_t grid = 40;
+  const DecodeAttentionPlan short_plan(shape, std::vector<int32_t>{1, 0, 5, 9, 2, 3}, grid);
+  const DecodeAttentionPlan long_plan(shape, std::vector<int32_t>{4096, 70, 9000, 1, 0, 300}, grid);
+  EXPECT_EQ(short_plan.schedule_bytes(), long_plan.schedule_bytes());
+  EXPECT_EQ(short_plan.scratch_bytes(), long_plan.scratch_bytes());  // no scores: no logits
+  EXPECT_EQ(short_plan.schedule_bytes() % 256, 0u);
+  for (const DecodeAttentionPlan* plan : {&short_plan, &long_plan}) {
+    const std::span<const int32_t> starts = plan->schedule();
+    ASSERT_GE(starts.size(), static_cast<size_t>(4 * (grid + 1)));
+    for (int64_t c = 0; c <= grid; ++c) {
+      const int32_t first = starts[4 * c + 3];
+      EXPECT_EQ(c >= plan->num_ctas(), first == plan->num_pieces()) << "CTA " << c;
+    }
+  }
+  EXPECT_LT(short_plan.num_ctas(), long_plan.num_ctas());
 }
 
 TEST(DecodeAttentionPlanTest, DispatchThrowsOnUnsupportedValues) {
