@@ -59,26 +59,25 @@ size_t step_workspace_bytes(const ModelSpec& s, int step_tokens, int num_sequenc
   const size_t inter = std::max({k * static_cast<size_t>(s.expert_intermediate),
                                  static_cast<size_t>(s.shared_intermediate),
                                  static_cast<size_t>(s.dense_intermediate)});
-  const size_t floats = n * (2 * hidden           // x_, normed_
-                             + s.q_dim()          // q_
-                             + 2 * s.kv_dim()     // k_, v_
-                             + hidden             // delta_
-                             + k * hidden         // y_
-                             + s.num_experts      // router_logits_
-                             + 2 * inter          // gate_up_
-                             + 1                  // shared_weight_
-                             + 2 * k              // expert_gates_, pair_gates_
-                             + moe_layers * k) +  // gates_
-                        S * s.vocab_size;         // logits_
-  const size_t halves = n * (hidden               // x_bf16_
-                             + s.q_dim()          // attn_bf16_
-                             + k * hidden         // rows_bf16_
-                             + inter) +           // hidden_bf16_
-                        2 * S * s.q_dim();        // decode_q_, decode_out_
-  const size_t ints = n * (3 + L * H + 1          // the step's inputs (step_ints_)
-                           + moe_layers * k       // experts_
-                           + k                    // expert_rows_
-                           + 5 * k) +             // pair_ints_
+  const size_t floats = n * (2 * hidden                 // x_, normed_
+                             + s.q_dim()                // qkv_
+                             + 2 * s.kv_dim() + hidden  // delta_
+                             + k * hidden               // y_
+                             + s.num_experts            // router_logits_
+                             + 2 * inter                // gate_up_
+                             + 1                        // shared_weight_
+                             + 2 * k                    // expert_gates_, pair_gates_
+                             + moe_layers * k) +        // gates_
+                        S * s.vocab_size;               // logits_
+  const size_t halves = n * (hidden                     // x_bf16_
+                             + s.q_dim()                // attn_bf16_
+                             + k * hidden               // rows_bf16_
+                             + inter) +                 // hidden_bf16_
+                        2 * S * s.q_dim();              // decode_q_, decode_out_
+  const size_t ints = n * (3 + L * H + 1                // the step's inputs (step_ints_)
+                           + moe_layers * k             // experts_
+                           + k                          // expert_rows_
+                           + 5 * k) +                   // pair_ints_
                       L * (2 * S * H + 1 + 16) +
                       2 * static_cast<size_t>(pool_pages) + 2;  // tables, with room to grow
   // The decode attention: each layer's schedule, and the scratch the layers share (partials, and
@@ -291,13 +290,10 @@ void CudaBackend::attention_block(int layer, const StepPlan& plan, bool decode_k
   const ModelSpec& s = w.spec();
   const DeviceLayer& D = w.layer(layer);
   const int d = s.head_dim, hidden = s.hidden_size;
-  float* q = scratch(q_, static_cast<size_t>(n) * s.q_dim());
-  float* k = scratch(k_, static_cast<size_t>(n) * s.kv_dim());
-  float* v = scratch(v_, static_cast<size_t>(n) * s.kv_dim());
-  const uint16_t* x = x_bf16_.data();
-  gemm_->bf16(x, n, D.q.data.data(), s.q_dim(), hidden, q);
-  gemm_->bf16(x, n, D.k.data.data(), s.kv_dim(), hidden, k);
-  gemm_->bf16(x, n, D.v.data.data(), s.kv_dim(), hidden, v);
+  float* q = scratch(qkv_, static_cast<size_t>(n) * (s.q_dim() + 2 * s.kv_dim()));
+  float* k = q + static_cast<size_t>(n) * s.q_dim();
+  float* v = k + static_cast<size_t>(n) * s.kv_dim();
+  gemm_->bf16_qkv(x_bf16_.data(), n, D.qkv.data.data(), s.q_dim(), s.kv_dim(), hidden, q);
   if (D.q_bias.size() > 0) add_bias(q, D.q_bias.data(), n, s.q_dim(), stream_);
   if (D.k_bias.size() > 0) add_bias(k, D.k_bias.data(), n, s.kv_dim(), stream_);
   if (D.v_bias.size() > 0) add_bias(v, D.v_bias.data(), n, s.kv_dim(), stream_);
@@ -315,7 +311,10 @@ void CudaBackend::attention_block(int layer, const StepPlan& plan, bool decode_k
       clamp_in_place(p, count, *s.clip_qkv, stream_);
     }
   }
-  apply_rope(q, n, s.num_heads, d, positions_, w.inv_freq().data(), w.attention_factor(), stream_);
+  const size_t decode_rows = static_cast<size_t>(plan.num_sequences) * s.q_dim();
+  uint16_t* q_rows = decode_kernel ? scratch(decode_q_, decode_rows) : nullptr;
+  apply_rope(q, n, s.num_heads, d, positions_, w.inv_freq().data(), w.attention_factor(),
+             sequences_, q_rows, stream_);
   KvAppend append;
   append.keys = k;
   append.values = v;
@@ -328,15 +327,13 @@ void CudaBackend::attention_block(int layer, const StepPlan& plan, bool decode_k
   append_kv(views_[layer], append, stream_);
   uint16_t* out = scratch(attn_bf16_, static_cast<size_t>(n) * s.q_dim());
   if (decode_kernel) {
-    const size_t rows = static_cast<size_t>(plan.num_sequences) * s.q_dim();
-    uint16_t* q_rows = scratch(decode_q_, rows);
-    uint16_t* out_rows = scratch(decode_out_, rows);
-    scatter_rows_bf16(q, sequences_, n, s.q_dim(), q_rows, stream_);
+    // A batch of every sequence in order writes its output rows where the O product reads them.
+    uint16_t* out_rows = batch_in_order_ ? out : scratch(decode_out_, decode_rows);
     decode_plans_[layer].run(
         views_[layer], q_rows, out_rows, scoring ? score_delta_.data() : nullptr,
         decode_schedules_.data() + layer * decode_plans_[layer].schedule_bytes(),
         decode_scratch_.data(), stream_);
-    gather_rows(out_rows, sequences_, n, s.q_dim(), out, stream_);
+    if (!batch_in_order_) gather_rows(out_rows, sequences_, n, s.q_dim(), out, stream_);
   } else if (prefill_attention_supported(d)) {
     PrefillAttention attention;
     attention.q = q;
@@ -393,12 +390,9 @@ void CudaBackend::moe_block(int layer, int moe_index, const StepPlan& plan, KvLa
   const DeviceLayer& D = weights_->layer(layer);
   const int n = batch.size(), hidden = s.hidden_size;
   float* delta = scratch(delta_, static_cast<size_t>(n) * hidden);
-  EKVA_CUDA_CHECK(
-      cudaMemsetAsync(delta, 0, static_cast<size_t>(n) * hidden * sizeof(float), stream_));
   float* y = scratch(y_, static_cast<size_t>(n) * std::max(s.top_k, 1) * hidden);
   if (!s.layer_is_moe[layer]) {
-    mlp(D.dense, x_bf16_.data(), n, y);
-    scatter_add_rows(y, nullptr, nullptr, n, hidden, delta, stream_);
+    mlp(D.dense, x_bf16_.data(), n, delta);
     return;
   }
   const int E = s.num_experts, k = s.top_k;
@@ -413,9 +407,11 @@ void CudaBackend::moe_block(int layer, int moe_index, const StepPlan& plan, KvLa
   // touched expert's weights read once on the tensor cores. Larger ones (prefill) sort on the
   // host and call cuBLAS per touched expert.
   if (experts_on_device(n, observer)) {
-    grouped_experts(layer, n, experts_d, gates_d, y, delta);
+    grouped_experts(layer, n, experts_d, gates_d, y, delta);  // writes delta
     routed_on_device_.emplace_back(layer, moe_index);
   } else {
+    EKVA_CUDA_CHECK(
+        cudaMemsetAsync(delta, 0, static_cast<size_t>(n) * hidden * sizeof(float), stream_));
     host_routed_experts(layer, moe_index, plan, layout, observer, experts_d, gates_d, y, delta);
   }
   if (s.shared_intermediate > 0) {
@@ -532,7 +528,7 @@ void CudaBackend::host_routed_experts(int layer, int moe_index, const StepPlan& 
     std::vector<float> q(static_cast<size_t>(n) * s.q_dim());
     EKVA_CUDA_CHECK(
         cudaMemcpyAsync(pool.data(), pool_.data(), pool.size(), cudaMemcpyDeviceToHost, stream_));
-    EKVA_CUDA_CHECK(cudaMemcpyAsync(q.data(), q_.data(), q.size() * sizeof(float),
+    EKVA_CUDA_CHECK(cudaMemcpyAsync(q.data(), qkv_.data(), q.size() * sizeof(float),
                                     cudaMemcpyDeviceToHost, stream_));
     EKVA_CUDA_CHECK(cudaStreamSynchronize(stream_));
     pages.copy_pages_from(pool);
@@ -623,6 +619,10 @@ std::vector<float> CudaBackend::run(const StepPlan& plan, KvLayout& layout,
   num_tiles_ = static_cast<int>(tiles.size() / 2);
   voters_ = tiles_ + tiles.size();
   num_voters_ = static_cast<int>(voters.size());
+  batch_in_order_ = n == plan.num_sequences;
+  for (int t = 0; t < n && batch_in_order_; ++t) batch_in_order_ = batch.seq[t] == t;
+  logits_in_order_ = rows == n;
+  for (int t = 0; t < rows && logits_in_order_; ++t) logits_in_order_ = plan.logit_rows[t] == t;
   const size_t rows_in_use = static_cast<size_t>(layout.page_high_water()) * layout.page_size();
   if (scoring) {
     uint8_t* flags = scratch(score_query_, n);
@@ -683,27 +683,43 @@ void CudaBackend::forward(const StepPlan& plan, KvLayout& layout, ForwardObserve
   embed_rows(w.embed().data.data(), tokens_, n, hidden, x, stream_);
   const float eps = static_cast<float>(s.rms_eps);
   int moe_index = 0;
+  // Each residual add (of the block before) runs in the norm that follows it.
   for (int l = 0; l < s.num_layers; ++l) {
     const DeviceLayer& D = w.layer(l);
-    rms_norm(x, n, hidden, D.attn_norm.data(), eps, nullptr, x_bf16_.data(), stream_);
+    if (l == 0) {
+      rms_norm(x, n, hidden, D.attn_norm.data(), eps, nullptr, x_bf16_.data(), stream_);
+    } else {
+      add_rms_norm(x, delta_.data(), n, hidden, D.attn_norm.data(), eps, nullptr, x_bf16_.data(),
+                   stream_);
+    }
     attention_block(l, plan, decode_kernel, scoring);
-    add_in_place(x, delta_.data(), static_cast<int64_t>(n) * hidden, stream_);
-    rms_norm(x, n, hidden, D.mlp_norm.data(), eps, normed_.data(), x_bf16_.data(), stream_);
+    add_rms_norm(x, delta_.data(), n, hidden, D.mlp_norm.data(), eps, normed_.data(),
+                 x_bf16_.data(), stream_);
     moe_block(l, moe_index, plan, layout, observer);
     if (s.layer_is_moe[l]) ++moe_index;
-    add_in_place(x, delta_.data(), static_cast<int64_t>(n) * hidden, stream_);
   }
-  rms_norm(x, n, hidden, w.final_norm().data(), eps, nullptr, x_bf16_.data(), stream_);
-  uint16_t* x_rows = scratch(rows_bf16_, static_cast<size_t>(rows) * hidden);
-  gather_rows(x_bf16_.data(), logit_rows_, rows, hidden, x_rows, stream_);
+  add_rms_norm(x, delta_.data(), n, hidden, w.final_norm().data(), eps, nullptr, x_bf16_.data(),
+               stream_);
+  const uint16_t* x_rows = x_bf16_.data();
+  if (!logits_in_order_) {
+    uint16_t* gathered = scratch(rows_bf16_, static_cast<size_t>(rows) * hidden);
+    gather_rows(x_bf16_.data(), logit_rows_, rows, hidden, gathered, stream_);
+    x_rows = gathered;
+  }
   float* logits = scratch(logits_, static_cast<size_t>(rows) * s.vocab_size);
   gemm_->bf16(x_rows, rows, w.lm_head().data.data(), s.vocab_size, hidden, logits);
 }
 
 void CudaBackend::forward_decode(const StepPlan& plan, KvLayout& layout, bool scoring) {
-  const StepShape shape{plan.batch.size(),  static_cast<int>(plan.logit_rows.size()),
-                        plan.num_sequences, scoring,
-                        disabled_,          buffers_version_};
+  StepShape shape;
+  shape.tokens = plan.batch.size();
+  shape.logit_rows = static_cast<int>(plan.logit_rows.size());
+  shape.num_sequences = plan.num_sequences;
+  shape.scoring = scoring;
+  shape.disabled = disabled_;
+  shape.batch_in_order = batch_in_order_;
+  shape.logits_in_order = logits_in_order_;
+  shape.buffers = buffers_version_;
   // Captures that read buffers since moved cannot replay.
   std::erase_if(graphs_, [&](StepGraph& g) {
     if (g.shape.buffers == buffers_version_) return false;

@@ -133,10 +133,13 @@ class CudaBackend : public Backend {
   const int32_t* logit_rows_ = nullptr;
   const int32_t* tiles_ = nullptr;   // prefill_attention's tiles: [first token, count] each
   const int32_t* voters_ = nullptr;  // the step's voting tokens, when it is not a decode step
+  bool batch_in_order_ = false;      // the step's token t is sequence t's, for every sequence
+  bool logits_in_order_ = false;     // logits are wanted for every token, in order
   int num_tiles_ = 0;
   int num_voters_ = 0;
   DeviceBuffer<uint8_t> score_query_, flags_, compaction_;
-  DeviceBuffer<float> x_, normed_, q_, k_, v_, delta_, gate_up_, y_, router_logits_, gates_,
+  // qkv_: q [tokens, q_dim], then k and v [tokens, kv_dim] each.
+  DeviceBuffer<float> x_, normed_, qkv_, delta_, gate_up_, y_, router_logits_, gates_,
       shared_weight_, logits_;
   DeviceBuffer<uint16_t> x_bf16_, attn_bf16_, rows_bf16_, hidden_bf16_;
   DeviceBuffer<uint16_t> decode_q_, decode_out_;  // [sequences, query heads, head_dim]
@@ -160,6 +163,8 @@ class CudaBackend : public Backend {
     int num_sequences = 0;
     bool scoring = false;
     std::pair<int, int> disabled{-1, -1};
+    bool batch_in_order = false;
+    bool logits_in_order = false;
     uint64_t buffers = 0;  // buffers_version_ at capture
     bool operator==(const StepShape&) const = default;
   };

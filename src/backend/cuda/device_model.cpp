@@ -176,9 +176,7 @@ DeviceModel::DeviceModel(const Model& model, size_t reserve_bytes)
     D.k_bias = upload_f32(L.k_bias);
     D.v_bias = upload_f32(L.v_bias);
     D.o_bias = upload_f32(L.o_bias);
-    D.q = upload({&L.q});
-    D.k = upload({&L.k});
-    D.v = upload({&L.v});
+    D.qkv = upload({&L.q, &L.k, &L.v});
     D.o = upload({&L.o});
     if (s.layer_is_moe[l]) {
       D.router = upload_f32(L.router);
@@ -223,9 +221,7 @@ DeviceModel::DeviceModel(const ModelSpec& spec, uint64_t seed, size_t reserve_by
       D.v_bias = random.vector(s.kv_dim(), 0.0f);
     }
     if (s.o_bias) D.o_bias = random.vector(hidden, 0.0f);
-    D.q = random.matrix(s.q_dim(), hidden);
-    D.k = random.matrix(s.kv_dim(), hidden);
-    D.v = random.matrix(s.kv_dim(), hidden);
+    D.qkv = random.matrix(s.q_dim() + 2 * s.kv_dim(), hidden);
     D.o = random.matrix(hidden, s.q_dim());
     if (s.layer_is_moe[l]) {
       D.router = random.random_f32(static_cast<size_t>(s.num_experts) * hidden);

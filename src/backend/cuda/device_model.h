@@ -1,6 +1,7 @@
 #pragma once
 // A model's weights on the device, uploaded once: matrices in bf16 (f32 and f16 checkpoints are
-// converted on the way), each expert's gate and up fused into one [2 * inter, hidden] matrix,
+// converted on the way), each expert's gate and up fused into one [2 * inter, hidden] matrix and
+// each layer's Q, K and V into one [q_dim + 2 * kv_dim, hidden] matrix,
 // norms, biases and the routers in float32. Shared by every backend that runs the model. Or, for
 // configurations too large to ship (Mixtral-8x7B is 93 GB), seeded random weights made on the
 // device, so that full-size models can be timed.
@@ -28,8 +29,8 @@ struct DeviceMlp {
 struct DeviceLayer {
   DeviceBuffer<float> attn_norm, mlp_norm, q_norm, k_norm;
   DeviceBuffer<float> q_bias, k_bias, v_bias, o_bias;  // empty when the architecture has none
-  DeviceMatrix q, k, v, o;
-  DeviceBuffer<float> router;       // [num_experts, hidden], MoE layers only
+  DeviceMatrix qkv, o;                                 // qkv: [Q; K; V]
+  DeviceBuffer<float> router;                          // [num_experts, hidden], MoE layers only
   DeviceBuffer<float> shared_gate;  // [1, hidden] when the shared expert is gated
   std::vector<DeviceMlp> experts;
   // Each expert's gate_up and down weights, for kernels that pick the expert on the device.

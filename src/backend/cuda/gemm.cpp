@@ -45,6 +45,22 @@ void Gemm::bf16(const uint16_t* x, int n, const uint16_t* w, int out, int in, fl
                "cublasGemmEx (bf16)");
 }
 
+void Gemm::bf16_qkv(const uint16_t* x, int n, const uint16_t* w, int q_rows, int kv_rows, int in,
+                    float* y) {
+  if (n == 0) return;
+  if (skinny_gemm_supported(n, in)) {
+    skinny_gemm_blocks(x, n, w, q_rows, kv_rows, q_rows + 2 * kv_rows, in, y, stream_);
+    return;
+  }
+  const size_t rows[3] = {static_cast<size_t>(q_rows), static_cast<size_t>(kv_rows),
+                          static_cast<size_t>(kv_rows)};
+  for (const size_t r : rows) {
+    bf16(x, n, w, static_cast<int>(r), in, y);
+    w += r * in;
+    y += r * n;
+  }
+}
+
 void Gemm::f32(const float* x, int n, const float* w, int out, int in, float* y) {
   if (n == 0) return;
   const float one = 1.0f, zero = 0.0f;

@@ -20,6 +20,10 @@ class Gemm {
 
   // bf16 x and W, float32 accumulation and y.
   void bf16(const uint16_t* x, int n, const uint16_t* w, int out, int in, float* y);
+  // The same for W = [Wq; Wk; Wv] (q_rows, kv_rows and kv_rows rows): y holds q [n, q_rows], then
+  // k and v [n, kv_rows] each. One product for decode-sized n, three through cuBLAS.
+  void bf16_qkv(const uint16_t* x, int n, const uint16_t* w, int q_rows, int kv_rows, int in,
+                float* y);
   // float32 throughout (the router, whose top-k must agree with the CPU's).
   void f32(const float* x, int n, const float* w, int out, int in, float* y);
 

@@ -31,17 +31,25 @@ __global__ void embed_rows_kernel(const uint16_t* table, const int32_t* tokens, 
   }
 }
 
-// One CTA per row. The sum of squares in double, as the CPU reference takes it.
-// One CTA per row. A decode step normalises one row at a time, so the row's latency is the
-// kernel's: every thread's loads are issued before any is summed, and the second pass reads L1.
+// One CTA per row. The sum of squares in double, as the CPU reference takes it. A decode step
+// normalises one row at a time, so the row's latency is the kernel's: every thread's loads are
+// issued before any is summed, and the second pass reads L1. With delta, the row is first x + delta
+// (written back to x): the residual add before the norm, in the same pass. Each element is read and
+// written by the same thread in both passes.
 constexpr int kNormThreads = 1024;
 constexpr int kNormUnroll = 4;
 
+int norm_threads(int dim) {
+  return std::min(kNormThreads, std::max(32, (dim / kNormUnroll + 31) / 32 * 32));
+}
+
+template <bool kAddDelta>
 __global__ void __launch_bounds__(kNormThreads)
-    rms_norm_kernel(const float* x, int dim, const float* weight, float eps, float* out_f32,
-                    uint16_t* out_bf16) {
+    rms_norm_kernel(float* x, const float* delta, int dim, const float* weight, float eps,
+                    float* out_f32, uint16_t* out_bf16) {
   __shared__ double partial[kNormThreads / 32];
-  const float* row = x + static_cast<int64_t>(blockIdx.x) * dim;
+  float* row = x + static_cast<int64_t>(blockIdx.x) * dim;
+  const float* row_delta = kAddDelta ? delta + static_cast<int64_t>(blockIdx.x) * dim : nullptr;
   double ss = 0.0;
   for (int base = threadIdx.x; base < dim; base += blockDim.x * kNormUnroll) {
     float v[kNormUnroll];
@@ -49,6 +57,16 @@ __global__ void __launch_bounds__(kNormThreads)
     for (int u = 0; u < kNormUnroll; ++u) {
       const int i = base + u * blockDim.x;
       v[u] = i < dim ? row[i] : 0.0f;
+      if constexpr (kAddDelta) {
+        if (i < dim) v[u] += row_delta[i];
+      }
+    }
+    if constexpr (kAddDelta) {
+#pragma unroll
+      for (int u = 0; u < kNormUnroll; ++u) {
+        const int i = base + u * blockDim.x;
+        if (i < dim) row[i] = v[u];
+      }
     }
 #pragma unroll
     for (int u = 0; u < kNormUnroll; ++u) ss += static_cast<double>(v[u]) * v[u];
@@ -71,10 +89,6 @@ __global__ void add_bias_kernel(float* y, const float* bias, int rows, int cols)
   EKVA_FOR_EACH(i, static_cast<int64_t>(rows) * cols) y[i] += bias[i % cols];
 }
 
-__global__ void add_in_place_kernel(float* x, const float* delta, int64_t count) {
-  EKVA_FOR_EACH(i, count) x[i] += delta[i];
-}
-
 __global__ void clamp_kernel(float* x, int64_t count, float limit) {
   EKVA_FOR_EACH(i, count) x[i] = fminf(fmaxf(x[i], -limit), limit);
 }
@@ -85,7 +99,8 @@ __global__ void to_bf16_kernel(const float* x, int64_t count, uint16_t* out) {
 
 // One thread per (row, head, rotary pair).
 __global__ void rope_kernel(float* x, int n, int num_heads, int head_dim, const int32_t* positions,
-                            const float* inv_freq, float attention_factor) {
+                            const float* inv_freq, float attention_factor, const int32_t* rows,
+                            uint16_t* rows_bf16) {
   const int half = head_dim / 2;
   EKVA_FOR_EACH(i, static_cast<int64_t>(n) * num_heads * half) {
     const int pair = static_cast<int>(i % half);
@@ -96,6 +111,13 @@ __global__ void rope_kernel(float* x, int n, int num_heads, int head_dim, const 
                                  rope_cos_sin(positions[t], inv_freq[pair], attention_factor));
     v[pair] = r.x;
     v[pair + half] = r.y;
+    if (rows_bf16 != nullptr) {
+      uint16_t* out = rows_bf16 + (static_cast<int64_t>(rows[t]) * num_heads +
+                                   (row_head - static_cast<int64_t>(t) * num_heads)) *
+                                      head_dim;
+      out[pair] = to_bf16_bits(r.x);
+      out[pair + half] = to_bf16_bits(r.y);
+    }
   }
 }
 
@@ -164,13 +186,6 @@ __global__ void route_kernel(const float* logits, int n, int num_experts, int to
   }
 }
 
-__global__ void scatter_rows_bf16_kernel(const float* x, const int32_t* rows, int count, int cols,
-                                         uint16_t* out) {
-  EKVA_FOR_EACH(i, static_cast<int64_t>(count) * cols) {
-    out[static_cast<int64_t>(rows[i / cols]) * cols + i % cols] = to_bf16_bits(x[i]);
-  }
-}
-
 __global__ void gather_rows_kernel(const uint16_t* x, const int32_t* rows, int count, int cols,
                                    uint16_t* out) {
   EKVA_FOR_EACH(i, static_cast<int64_t>(count) * cols) {
@@ -236,19 +251,23 @@ void embed_rows(const uint16_t* table, const int32_t* tokens, int n, int hidden,
 void rms_norm(const float* x, int rows, int dim, const float* weight, float eps, float* out_f32,
               uint16_t* out_bf16, cudaStream_t stream) {
   if (rows == 0) return;
-  const int threads = std::min(kNormThreads, std::max(32, (dim / kNormUnroll + 31) / 32 * 32));
-  rms_norm_kernel<<<rows, threads, 0, stream>>>(x, dim, weight, eps, out_f32, out_bf16);
+  // The kernel writes x only when it adds a delta.
+  rms_norm_kernel<false><<<rows, norm_threads(dim), 0, stream>>>(
+      const_cast<float*>(x), nullptr, dim, weight, eps, out_f32, out_bf16);
+  EKVA_CUDA_CHECK(cudaGetLastError());
+}
+
+void add_rms_norm(float* x, const float* delta, int rows, int dim, const float* weight, float eps,
+                  float* out_f32, uint16_t* out_bf16, cudaStream_t stream) {
+  if (rows == 0) return;
+  rms_norm_kernel<true>
+      <<<rows, norm_threads(dim), 0, stream>>>(x, delta, dim, weight, eps, out_f32, out_bf16);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 
 void add_bias(float* y, const float* bias, int rows, int cols, cudaStream_t stream) {
   add_bias_kernel<<<grid_for(static_cast<int64_t>(rows) * cols), kThreads, 0, stream>>>(y, bias,
                                                                                         rows, cols);
-  EKVA_CUDA_CHECK(cudaGetLastError());
-}
-
-void add_in_place(float* x, const float* delta, int64_t count, cudaStream_t stream) {
-  add_in_place_kernel<<<grid_for(count), kThreads, 0, stream>>>(x, delta, count);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -263,9 +282,11 @@ void to_bf16(const float* x, int64_t count, uint16_t* out, cudaStream_t stream) 
 }
 
 void apply_rope(float* x, int n, int num_heads, int head_dim, const int32_t* positions,
-                const float* inv_freq, float attention_factor, cudaStream_t stream) {
+                const float* inv_freq, float attention_factor, const int32_t* rows,
+                uint16_t* rows_bf16, cudaStream_t stream) {
   rope_kernel<<<grid_for(static_cast<int64_t>(n) * num_heads * head_dim / 2), kThreads, 0,
-                stream>>>(x, n, num_heads, head_dim, positions, inv_freq, attention_factor);
+                stream>>>(x, n, num_heads, head_dim, positions, inv_freq, attention_factor, rows,
+                          rows_bf16);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -277,13 +298,6 @@ void route_tokens(const float* logits, int n, int num_experts, int top_k, bool r
   constexpr int kWarps = kThreads / 32;
   route_kernel<<<(n + kWarps - 1) / kWarps, kThreads, 0, stream>>>(logits, n, num_experts, top_k,
                                                                    renormalise, experts, gates);
-  EKVA_CUDA_CHECK(cudaGetLastError());
-}
-
-void scatter_rows_bf16(const float* x, const int32_t* rows, int count, int cols, uint16_t* out,
-                       cudaStream_t stream) {
-  scatter_rows_bf16_kernel<<<grid_for(static_cast<int64_t>(count) * cols), kThreads, 0, stream>>>(
-      x, rows, count, cols, out);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -21,18 +21,23 @@ void embed_rows(const uint16_t* table, const int32_t* tokens, int n, int hidden,
 void rms_norm(const float* x, int rows, int dim, const float* weight, float eps, float* out_f32,
               uint16_t* out_bf16, cudaStream_t stream);
 
+// x += delta, then rms_norm of the sum (out_f32 is not x): a residual add and the norm after it.
+void add_rms_norm(float* x, const float* delta, int rows, int dim, const float* weight, float eps,
+                  float* out_f32, uint16_t* out_bf16, cudaStream_t stream);
+
 // y[r, c] += bias[c] over rows x cols.
 void add_bias(float* y, const float* bias, int rows, int cols, cudaStream_t stream);
-// x[i] += delta[i].
-void add_in_place(float* x, const float* delta, int64_t count, cudaStream_t stream);
 // x[i] = clamp(x[i], -limit, limit).
 void clamp_in_place(float* x, int64_t count, float limit, cudaStream_t stream);
 // out[i] = bf16(x[i]).
 void to_bf16(const float* x, int64_t count, uint16_t* out, cudaStream_t stream);
 
 // cpu::Rope::apply on the device: rotate-half RoPE of n rows of num_heads heads at positions[t].
+// When rows_bf16 is set, rotated row t is also written in bf16 as row rows[t] of rows_bf16 (the
+// decode attention's query rows, one per sequence).
 void apply_rope(float* x, int n, int num_heads, int head_dim, const int32_t* positions,
-                const float* inv_freq, float attention_factor, cudaStream_t stream);
+                const float* inv_freq, float attention_factor, const int32_t* rows,
+                uint16_t* rows_bf16, cudaStream_t stream);
 
 // Router::route per token: softmax over num_experts logits, the top_k best (ties to the lower id),
 // gates renormalised over the top_k when asked. experts and gates: [n, top_k], best first.
@@ -77,9 +82,6 @@ std::vector<int32_t> prefill_tiles(const int32_t* sequences, int n);
 void prefill_attention(const PagedKvLayer& kv, const PrefillAttention& attention,
                        cudaStream_t stream);
 
-// Row rows[i] of out = bf16(row i of x), x float32 [count, cols].
-void scatter_rows_bf16(const float* x, const int32_t* rows, int count, int cols, uint16_t* out,
-                       cudaStream_t stream);
 // out[i] = bf16(rows[i] of x), x bf16 [?, cols].
 void gather_rows(const uint16_t* x, const int32_t* rows, int count, int cols, uint16_t* out,
                  cudaStream_t stream);
@@ -126,6 +128,10 @@ struct GroupedGemm {
   bool input_is_token = false;
   float* out = nullptr;  // [pairs, out_rows]
   int out_rows = 0;
+  // Dense only: when set, out holds the output rows in consecutive arrays, [dense_rows,
+  // first_block_rows] and then [dense_rows, block_rows] for each further block of block_rows.
+  int first_block_rows = 0;
+  int block_rows = 0;
   int in_cols = 0;
 };
 bool grouped_gemm_supported(int in_cols, int num_experts);
@@ -135,9 +141,13 @@ bool grouped_gemm_supported(int in_cols, int num_experts);
 bool skinny_gemm_supported(int n, int in_cols);
 void skinny_gemm(const uint16_t* x, int n, const uint16_t* w, int out_rows, int in_cols, float* y,
                  cudaStream_t stream);
+// The same over a matrix of stacked blocks (a fused [Q; K; V]): y holds [n, first_rows], then
+// [n, block_rows] for each further block of block_rows weight rows.
+void skinny_gemm_blocks(const uint16_t* x, int n, const uint16_t* w, int first_rows, int block_rows,
+                        int out_rows, int in_cols, float* y, cudaStream_t stream);
 void grouped_gemm(const GroupedGemm& gemm, const MoePairs& pairs, int n, int top_k, int num_experts,
                   cudaStream_t stream);
-// out[t] += gate * y[pair] over token t's pairs in ascending expert order, skipping
+// out[t] = the sum of gate * y[pair] over token t's pairs in ascending expert order, skipping
 // disabled_expert (-1: none).
 void combine_pairs(const float* y, const MoePairs& pairs, int n, int top_k, int hidden,
                    int disabled_expert, float* out, cudaStream_t stream);

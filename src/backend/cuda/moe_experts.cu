@@ -197,7 +197,17 @@ __global__ void __launch_bounds__(kWarps * 32)
       const int r = row + (e / 2) * 8;
       const int t = nt * 8 + (lane % 4) * 2 + e % 2;
       if (r >= g.out_rows || t >= count) continue;
-      float* out = g.out + static_cast<int64_t>(first + t) * g.out_rows + r;
+      float* out;
+      if (g.first_block_rows == 0) {
+        out = g.out + static_cast<int64_t>(first + t) * g.out_rows + r;
+      } else if (r < g.first_block_rows) {
+        out = g.out + static_cast<int64_t>(t) * g.first_block_rows + r;
+      } else {
+        const int block = (r - g.first_block_rows) / g.block_rows;
+        const int local = r - g.first_block_rows - block * g.block_rows;
+        out = g.out + static_cast<int64_t>(count) * (g.first_block_rows + block * g.block_rows) +
+              static_cast<int64_t>(t) * g.block_rows + local;
+      }
       if (split) {
         atomicAdd(out, acc[nt][e]);
       } else {
@@ -222,7 +232,7 @@ __global__ void combine_kernel(const float* y, const MoePairs p, int n, int k, i
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
        i < static_cast<int64_t>(n) * hidden; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t t = i / hidden;
-    float v = out[i];
+    float v = 0.0f;
     for (int r = 0; r < k; ++r) {
       const int j = p.token_pairs[t * k + r];
       if (p.expert[j] != disabled_expert)
@@ -308,12 +318,17 @@ bool skinny_gemm_supported(int n, int in_cols) {
   return n <= kMaxGroupedTokens && in_cols % 8 == 0;
 }
 
-void skinny_gemm(const uint16_t* x, int n, const uint16_t* w, int out_rows, int in_cols, float* y,
-                 cudaStream_t stream) {
-  if (!skinny_gemm_supported(n, in_cols)) {
+namespace {
+
+// first_rows 0: one block.
+void launch_skinny_gemm(const uint16_t* x, int n, const uint16_t* w, int first_rows, int block_rows,
+                        int out_rows, int in_cols, float* y, cudaStream_t stream) {
+  if (!skinny_gemm_supported(n, in_cols) ||
+      (first_rows > 0 && (block_rows <= 0 || (out_rows - first_rows) % block_rows != 0))) {
     fail(ErrorKind::kUnsupported,
-         "skinny_gemm: {} rows (at most {}) of {} columns (a multiple of 8)", n, kMaxGroupedTokens,
-         in_cols);
+         "skinny_gemm: {} rows (at most {}) of {} columns (a multiple of 8), {} output rows as {} "
+         "and blocks of {}",
+         n, kMaxGroupedTokens, in_cols, out_rows, first_rows, block_rows);
   }
   if (n == 0) return;
   GroupedGemm g;
@@ -323,7 +338,24 @@ void skinny_gemm(const uint16_t* x, int n, const uint16_t* w, int out_rows, int 
   g.out = y;
   g.out_rows = out_rows;
   g.in_cols = in_cols;
+  g.first_block_rows = first_rows;
+  g.block_rows = block_rows;
   launch_grouped_gemm(g, MoePairs{}, n, 1, n, stream);
+}
+
+}  // namespace
+
+void skinny_gemm(const uint16_t* x, int n, const uint16_t* w, int out_rows, int in_cols, float* y,
+                 cudaStream_t stream) {
+  launch_skinny_gemm(x, n, w, 0, 0, out_rows, in_cols, y, stream);
+}
+
+void skinny_gemm_blocks(const uint16_t* x, int n, const uint16_t* w, int first_rows, int block_rows,
+                        int out_rows, int in_cols, float* y, cudaStream_t stream) {
+  if (first_rows <= 0) {
+    fail(ErrorKind::kUnsupported, "skinny_gemm_blocks: a first block of {} rows", first_rows);
+  }
+  launch_skinny_gemm(x, n, w, first_rows, block_rows, out_rows, in_cols, y, stream);
 }
 
 void combine_pairs(const float* y, const MoePairs& pairs, int n, int k, int hidden,

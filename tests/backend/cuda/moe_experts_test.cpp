@@ -168,31 +168,48 @@ TEST_F(GroupedGemmTest, MostExpertsFullBatchTopEight) {
   run_case({kMaxGroupedExperts, 8, kMaxGroupedTokens, 24, 64}, 5);
 }
 
+// Also as a stacked [Q; K; V]-like matrix (a first block of 140 rows, then blocks of 80: tiles of
+// 64 rows cross both boundaries), each block's outputs in an array of its own.
 TEST_F(GroupedGemmTest, SkinnyDenseProductMatchesDouble) {
   std::mt19937 rng(4);
-  for (const int n : {1, 7, kMaxGroupedTokens}) {
-    const int out_rows = 300, in_cols = 1000;
-    const std::vector<uint16_t> w = random_bf16(static_cast<size_t>(out_rows) * in_cols, rng);
-    const std::vector<uint16_t> x = random_bf16(static_cast<size_t>(n) * in_cols, rng);
-    DeviceBuffer<uint16_t> w_device{std::span<const uint16_t>(w)};
-    DeviceBuffer<uint16_t> x_device{std::span<const uint16_t>(x)};
-    DeviceBuffer<float> y(static_cast<size_t>(n) * out_rows);
-    EKVA_CUDA_CHECK(cudaMemset(y.data(), 0xff, y.bytes()));
-    skinny_gemm(x_device.data(), n, w_device.data(), out_rows, in_cols, y.data(), nullptr);
-    EKVA_CUDA_CHECK(cudaDeviceSynchronize());
-    const std::vector<float> got = y.download();
-    for (int t = 0; t < n; ++t) {
-      for (int r = 0; r < out_rows; ++r) {
-        double want = 0.0, magnitude = 0.0;
-        for (int i = 0; i < in_cols; ++i) {
-          const double term =
-              static_cast<double>(bf16_to_f32(w[static_cast<size_t>(r) * in_cols + i])) *
-              bf16_to_f32(x[static_cast<size_t>(t) * in_cols + i]);
-          want += term;
-          magnitude += std::abs(term);
+  constexpr int kFirst = 140, kBlock = 80;
+  for (const bool blocks : {false, true}) {
+    for (const int n : {1, 7, kMaxGroupedTokens}) {
+      const int out_rows = kFirst + 2 * kBlock, in_cols = 1000;
+      const std::vector<uint16_t> w = random_bf16(static_cast<size_t>(out_rows) * in_cols, rng);
+      const std::vector<uint16_t> x = random_bf16(static_cast<size_t>(n) * in_cols, rng);
+      DeviceBuffer<uint16_t> w_device{std::span<const uint16_t>(w)};
+      DeviceBuffer<uint16_t> x_device{std::span<const uint16_t>(x)};
+      DeviceBuffer<float> y(static_cast<size_t>(n) * out_rows);
+      EKVA_CUDA_CHECK(cudaMemset(y.data(), 0xff, y.bytes()));
+      if (blocks) {
+        skinny_gemm_blocks(x_device.data(), n, w_device.data(), kFirst, kBlock, out_rows, in_cols,
+                           y.data(), nullptr);
+      } else {
+        skinny_gemm(x_device.data(), n, w_device.data(), out_rows, in_cols, y.data(), nullptr);
+      }
+      EKVA_CUDA_CHECK(cudaDeviceSynchronize());
+      const std::vector<float> got = y.download();
+      const auto at = [&](int t, int r) -> size_t {
+        if (!blocks) return static_cast<size_t>(t) * out_rows + r;
+        if (r < kFirst) return static_cast<size_t>(t) * kFirst + r;
+        const int b = (r - kFirst) / kBlock;
+        return static_cast<size_t>(n) * (kFirst + b * kBlock) + static_cast<size_t>(t) * kBlock +
+               (r - kFirst - b * kBlock);
+      };
+      for (int t = 0; t < n; ++t) {
+        for (int r = 0; r < out_rows; ++r) {
+          double want = 0.0, magnitude = 0.0;
+          for (int i = 0; i < in_cols; ++i) {
+            const double term =
+                static_cast<double>(bf16_to_f32(w[static_cast<size_t>(r) * in_cols + i])) *
+                bf16_to_f32(x[static_cast<size_t>(t) * in_cols + i]);
+            want += term;
+            magnitude += std::abs(term);
+          }
+          ASSERT_NEAR(got[at(t, r)], want, 1e-5 * magnitude + 1e-6)
+              << n << " rows, blocks " << blocks << ": row " << t << " output " << r;
         }
-        ASSERT_NEAR(got[static_cast<size_t>(t) * out_rows + r], want, 1e-5 * magnitude + 1e-6)
-            << n << " rows: row " << t << " output " << r;
       }
     }
   }
@@ -211,6 +228,9 @@ TEST(GroupedGemmHostTest, RejectsUnsupportedShapes) {
                Error);
   EXPECT_FALSE(skinny_gemm_supported(kMaxGroupedTokens + 1, 64));
   EXPECT_FALSE(skinny_gemm_supported(1, 12));
+  // Blocks that do not tile the output rows.
+  EXPECT_THROW(skinny_gemm_blocks(nullptr, 1, nullptr, 100, 30, 200, 64, nullptr, nullptr), Error);
+  EXPECT_THROW(skinny_gemm_blocks(nullptr, 1, nullptr, 0, 30, 60, 64, nullptr, nullptr), Error);
 }
 
 }  // namespace
