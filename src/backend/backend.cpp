@@ -1,6 +1,7 @@
 #include "backend/backend.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "core/error.h"
@@ -65,6 +66,21 @@ StepPlan plan_step(const ModelSpec& spec, const ForwardBatch& batch, KvLayout& l
     std::iota(p.logit_rows.begin(), p.logit_rows.end(), 0);
   }
   return p;
+}
+
+std::vector<int32_t> Backend::run_greedy(const StepPlan& plan, KvLayout& layout) {
+  const std::vector<float> logits = run(plan, layout, nullptr);
+  const size_t rows = plan.logit_rows.size();
+  std::vector<int32_t> tokens(rows);
+  if (rows == 0) return tokens;
+  const size_t vocab = logits.size() / rows;
+  for (size_t r = 0; r < rows; ++r) {
+    const float* row = logits.data() + r * vocab;
+    const float* bad = std::find_if(row, row + vocab, [](float x) { return !std::isfinite(x); });
+    tokens[r] = bad != row + vocab ? static_cast<int32_t>(-1 - (bad - row))
+                                   : static_cast<int32_t>(std::max_element(row, row + vocab) - row);
+  }
+  return tokens;
 }
 
 }  // namespace ekva

@@ -114,6 +114,11 @@ class Backend {
   // plan's logit rows.
   virtual std::vector<float> run(const StepPlan& plan, KvLayout& layout,
                                  ForwardObserver* observer) = 0;
+  // run() for greedy decoding: each logit row's token, the lowest id among its largest logits, or
+  // -1 - e for a row whose entry e is its first that is not finite. A backend that can pick the
+  // tokens where the logits are brings only them to the host (a step of 64 sequences of a 152k
+  // vocabulary has 39 MB of logits).
+  virtual std::vector<int32_t> run_greedy(const StepPlan& plan, KvLayout& layout);
   // Brings the retention scores of `seq`'s retained slots into the layout's metadata, for
   // selections made on the host (compression, group quotas). A backend that keeps the scores with
   // its pages adds to them every step and copies them only when asked: copying a whole pool's

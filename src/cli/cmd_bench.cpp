@@ -80,8 +80,8 @@ int32_t token_at(const ModelSpec& spec, int seq, int32_t position) {
                               spec.vocab_size);
 }
 
-// One decode step of every sequence at its next position; its wall time (the step ends with the
-// logits on the host).
+// One decode step of every sequence at its next position; its wall time (the step ends with each
+// sequence's greedy token on the host, as a greedy server's step does).
 double decode_step(const ModelSpec& spec, Cache& cache) {
   ForwardBatch batch;
   for (int s = 0; s < cache.layout.num_sequences(); ++s) {
@@ -89,7 +89,7 @@ double decode_step(const ModelSpec& spec, Cache& cache) {
     batch.add(token_at(spec, s, position), s, position);
   }
   const auto start = Clock::now();
-  cache.backend->run(plan_step(spec, batch, cache.layout), cache.layout, nullptr);
+  cache.backend->run_greedy(plan_step(spec, batch, cache.layout), cache.layout);
   return seconds_since(start);
 }
 

@@ -132,13 +132,17 @@ std::vector<float> Engine::step(const ForwardBatch& batch, ForwardObserver* obse
                                                  [](float x) { return !std::isfinite(x); });
   if (bad != logits.end()) {
     const int vocab = model_->spec().vocab_size;
-    const size_t row = static_cast<size_t>(bad - logits.begin()) / vocab;
-    fail(ErrorKind::kInvalidFile,
-         "{}: the model's logits are not finite (token {} of the step, vocabulary entry {}); its "
-         "weights hold NaN or Inf values or overflow",
-         model_->dir().string(), plan.logit_rows[row], (bad - logits.begin()) % vocab);
+    fail_not_finite(plan, static_cast<size_t>(bad - logits.begin()) / vocab,
+                    (bad - logits.begin()) % vocab);
   }
   return logits;
+}
+
+void Engine::fail_not_finite(const StepPlan& plan, size_t row, int64_t entry) const {
+  fail(ErrorKind::kInvalidFile,
+       "{}: the model's logits are not finite (token {} of the step, vocabulary entry {}); its "
+       "weights hold NaN or Inf values or overflow",
+       model_->dir().string(), plan.logit_rows[row], entry);
 }
 
 std::vector<float> Engine::prefill_batch(int seq, std::span<const int32_t> tokens, bool all_logits,
@@ -204,6 +208,26 @@ std::vector<float> Engine::decode(int seq, int32_t token) {
 }
 
 std::vector<float> Engine::decode(std::span<const int> seqs, std::span<const int32_t> tokens) {
+  std::vector<float> logits;
+  decode_step(seqs, tokens, [&](const ForwardBatch& batch) { logits = step(batch); });
+  return logits;
+}
+
+std::vector<int32_t> Engine::decode_greedy(std::span<const int> seqs,
+                                           std::span<const int32_t> tokens) {
+  std::vector<int32_t> next;
+  decode_step(seqs, tokens, [&](const ForwardBatch& batch) {
+    const StepPlan plan = plan_step(model_->spec(), batch, layout_);
+    next = backend_->run_greedy(plan, layout_);
+    for (size_t row = 0; row < next.size(); ++row) {
+      if (next[row] < 0) fail_not_finite(plan, row, -1 - static_cast<int64_t>(next[row]));
+    }
+  });
+  return next;
+}
+
+void Engine::decode_step(std::span<const int> seqs, std::span<const int32_t> tokens,
+                         const std::function<void(const ForwardBatch&)>& forward) {
   if (seqs.size() != tokens.size()) {
     fail(ErrorKind::kInvalidArgument, "decode: {} sequences but {} tokens", seqs.size(),
          tokens.size());
@@ -225,7 +249,7 @@ std::vector<float> Engine::decode(std::span<const int> seqs, std::span<const int
   if (!scores) batch.score_query.clear();
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
-  std::vector<float> logits = step(batch);
+  forward(batch);
   const auto forwarded = Clock::now();
   // Each sequence's plan reads its own tables only, so the step's evictions run in one pass, and
   // the plans (one segment per table) are made on all threads when they are many.
@@ -256,7 +280,6 @@ std::vector<float> Engine::decode(std::span<const int> seqs, std::span<const int
   if (!plans.empty()) backend_->apply_all(plans, layout_);
   last_decode_.forward_s = std::chrono::duration<double>(forwarded - start).count();
   last_decode_.evict_s = std::chrono::duration<double>(Clock::now() - forwarded).count();
-  return logits;
 }
 
 int64_t Engine::pages_bound(int seq, int decode_steps) const {

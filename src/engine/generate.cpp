@@ -94,8 +94,10 @@ GenerateResult generate(Engine& engine, const std::vector<int32_t>& prompt,
   // Stop at the context end rather than fail: the prompt fitted, so what was generated is valid.
   const int budget = static_cast<int>(std::min<int64_t>(
       options.max_new_tokens, s.max_position - static_cast<int64_t>(prompt.size()) + 1));
+  // Greedy decoding takes each next token from the engine, which picks it where the logits are.
+  const bool greedy = options.sampling.temperature <= 0.0f;
+  int32_t next = sampler.sample(logits.data(), s.vocab_size);
   for (int i = 0; i < budget; ++i) {
-    const int32_t next = sampler.sample(logits.data(), s.vocab_size);
     r.tokens.push_back(next);
     if (options.stop_at_eos &&
         std::find(s.eos_ids.begin(), s.eos_ids.end(), next) != s.eos_ids.end()) {
@@ -103,7 +105,14 @@ GenerateResult generate(Engine& engine, const std::vector<int32_t>& prompt,
       break;
     }
     if (i + 1 == budget) break;
-    logits = engine.decode(0, next);
+    const int seq = 0;
+    if (greedy) {
+      next = engine.decode_greedy(std::span<const int>(&seq, 1),
+                                  std::span<const int32_t>(&next, 1))[0];
+    } else {
+      logits = engine.decode(seq, next);
+      next = sampler.sample(logits.data(), s.vocab_size);
+    }
     ++r.decode_steps;
   }
   r.decode_seconds = std::chrono::duration<double>(Clock::now() - t0).count();

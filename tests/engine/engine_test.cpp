@@ -204,7 +204,42 @@ TEST(Engine, NonFiniteLogitsAreAnErrorNotTokens) {
     EXPECT_NE(std::string(e.what()).find("not finite"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find(dir.string()), std::string::npos) << e.what();
   }
+  // A greedy decode step names the first entry that is not finite (every logit is NaN here).
+  Engine greedy(*model);
+  const int seq = 0;
+  const int32_t token = 5;
+  try {
+    greedy.decode_greedy(std::span<const int>(&seq, 1), std::span<const int32_t>(&token, 1));
+    ADD_FAILURE() << "NaN logits accepted by decode_greedy";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not finite"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("vocabulary entry 0"), std::string::npos) << e.what();
+  }
   fs::remove_all(dir);
+}
+
+// Greedy decoding of two sequences in one step picks, per sequence, the lowest id among the
+// largest logits that decode() returns for the same step.
+TEST(Engine, DecodeGreedyIsTheArgmaxOfDecode) {
+  const auto model = Model::load(kMixtral);
+  EngineOptions options;
+  options.num_sequences = 2;
+  Engine with_logits(*model, options);
+  Engine greedy(*model, options);
+  const std::vector<int> seqs = {0, 1};
+  std::vector<int32_t> tokens = {5, 9};
+  const int vocab = model->spec().vocab_size;
+  for (int step = 0; step < 8; ++step) {
+    const std::vector<float> logits = with_logits.decode(seqs, tokens);
+    const std::vector<int32_t> got = greedy.decode_greedy(seqs, tokens);
+    ASSERT_EQ(got.size(), seqs.size());
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      const float* row = logits.data() + i * vocab;
+      const auto want = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
+      EXPECT_EQ(got[i], want) << "step " << step << ", sequence " << seqs[i];
+      tokens[i] = want;
+    }
+  }
 }
 
 }  // namespace

@@ -572,12 +572,29 @@ void CudaBackend::host_routed_experts(int layer, int moe_index, const StepPlan& 
 
 std::vector<float> CudaBackend::run(const StepPlan& plan, KvLayout& layout,
                                     ForwardObserver* observer) {
+  run_step(plan, layout, observer, false);
+  const size_t count = plan.logit_rows.size() * static_cast<size_t>(weights_->spec().vocab_size);
+  return plan.batch.size() == 0
+             ? std::vector<float>{}
+             : std::vector<float>(logits_host_.data(), logits_host_.data() + count);
+}
+
+std::vector<int32_t> CudaBackend::run_greedy(const StepPlan& plan, KvLayout& layout) {
+  run_step(plan, layout, nullptr, true);
+  const size_t rows = plan.logit_rows.size();
+  return plan.batch.size() == 0
+             ? std::vector<int32_t>{}
+             : std::vector<int32_t>(greedy_host_.data(), greedy_host_.data() + rows);
+}
+
+void CudaBackend::run_step(const StepPlan& plan, KvLayout& layout, ForwardObserver* observer,
+                           bool greedy) {
   const ForwardBatch& batch = plan.batch;
   const DeviceModel& w = *weights_;
   const ModelSpec& s = w.spec();
   const int n = batch.size();
   const int rows = static_cast<int>(plan.logit_rows.size());
-  if (n == 0) return {};
+  if (n == 0) return;
 
   const bool scoring = std::any_of(batch.score_query.begin(), batch.score_query.end(),
                                    [](uint8_t f) { return f != 0; });
@@ -640,10 +657,16 @@ std::vector<float> CudaBackend::run(const StepPlan& plan, KvLayout& layout,
     forward(plan, layout, observer, decode_kernel, scoring);
   }
 
-  const size_t logit_count = static_cast<size_t>(rows) * s.vocab_size;
-  float* logits_h = staging(logits_host_, logit_count);
-  EKVA_CUDA_CHECK(cudaMemcpyAsync(logits_h, logits_.data(), logit_count * sizeof(float),
-                                  cudaMemcpyDeviceToHost, stream_));
+  if (greedy) {
+    int32_t* tokens = scratch(greedy_, rows);
+    greedy_tokens(logits_.data(), rows, s.vocab_size, tokens, stream_);
+    EKVA_CUDA_CHECK(cudaMemcpyAsync(staging(greedy_host_, rows), tokens, rows * sizeof(int32_t),
+                                    cudaMemcpyDeviceToHost, stream_));
+  } else {
+    const size_t logit_count = static_cast<size_t>(rows) * s.vocab_size;
+    EKVA_CUDA_CHECK(cudaMemcpyAsync(staging(logits_host_, logit_count), logits_.data(),
+                                    logit_count * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+  }
   if (scoring)
     add_scores(meta_.data(), score_delta_.data(), static_cast<int64_t>(rows_in_use), stream_);
   const size_t routed = static_cast<size_t>(s.num_moe_layers()) * n * std::max(s.top_k, 1);
@@ -654,7 +677,6 @@ std::vector<float> CudaBackend::run(const StepPlan& plan, KvLayout& layout,
                                     cudaMemcpyDeviceToHost, stream_));
   }
   EKVA_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  std::vector<float> logits(logits_h, logits_h + logit_count);
   // Each layer's tables are its own, so the layers are recorded in parallel (see kParallelTables).
   const int routed_layers = static_cast<int>(routed_on_device_.size());
   [[maybe_unused]] const bool parallel =
@@ -664,7 +686,6 @@ std::vector<float> CudaBackend::run(const StepPlan& plan, KvLayout& layout,
     const auto [layer, index] = routed_on_device_[i];
     record_routing(layer, plan, layout, experts.data() + static_cast<size_t>(index) * n * s.top_k);
   }
-  return logits;
 }
 
 void CudaBackend::forward(const StepPlan& plan, KvLayout& layout, ForwardObserver* observer,

@@ -239,6 +239,56 @@ __global__ void fill_constant_kernel(float* x, int64_t count, float value) {
 
 #undef EKVA_FOR_EACH
 
+// One CTA per row: each thread keeps its best (value, lowest id) and its first non-finite entry,
+// then the CTA reduces them.
+constexpr int kGreedyThreads = 1024;
+__global__ void __launch_bounds__(kGreedyThreads)
+    greedy_kernel(const float* logits, int vocab, int32_t* out) {
+  __shared__ float best_value[kGreedyThreads / 32];
+  __shared__ int best_id[kGreedyThreads / 32];
+  __shared__ int first_bad[kGreedyThreads / 32];
+  const float* row = logits + static_cast<int64_t>(blockIdx.x) * vocab;
+  float value = -INFINITY;
+  int id = vocab;
+  int bad = vocab;
+  for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+    const float x = row[i];
+    if (!isfinite(x)) {
+      bad = min(bad, i);
+    } else if (x > value || id == vocab) {
+      value = x;
+      id = i;
+    }
+  }
+  const auto better = [](float v, int i, float w, int j) { return v > w || (v == w && i < j); };
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const float v = __shfl_xor_sync(0xffffffffu, value, offset);
+    const int j = __shfl_xor_sync(0xffffffffu, id, offset);
+    if (j < vocab && (id == vocab || better(v, j, value, id))) {
+      value = v;
+      id = j;
+    }
+    bad = min(bad, __shfl_xor_sync(0xffffffffu, bad, offset));
+  }
+  const int warp = threadIdx.x / 32;
+  if (threadIdx.x % 32 == 0) {
+    best_value[warp] = value;
+    best_id[warp] = id;
+    first_bad[warp] = bad;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) {
+      if (best_id[w] < vocab && (id == vocab || better(best_value[w], best_id[w], value, id))) {
+        value = best_value[w];
+        id = best_id[w];
+      }
+      bad = min(bad, first_bad[w]);
+    }
+    out[blockIdx.x] = bad < vocab ? -1 - bad : id;
+  }
+}
+
 }  // namespace
 
 void embed_rows(const uint16_t* table, const int32_t* tokens, int n, int hidden, float* x,
@@ -341,6 +391,12 @@ void fill_constant(float* x, int64_t count, float value, cudaStream_t stream) {
 
 void sigmoid_in_place(float* x, int count, cudaStream_t stream) {
   sigmoid_kernel<<<grid_for(count), kThreads, 0, stream>>>(x, count);
+  EKVA_CUDA_CHECK(cudaGetLastError());
+}
+
+void greedy_tokens(const float* logits, int rows, int vocab, int32_t* out, cudaStream_t stream) {
+  if (rows == 0) return;
+  greedy_kernel<<<rows, kGreedyThreads, 0, stream>>>(logits, vocab, out);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 

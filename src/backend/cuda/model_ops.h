@@ -152,6 +152,10 @@ void grouped_gemm(const GroupedGemm& gemm, const MoePairs& pairs, int n, int top
 void combine_pairs(const float* y, const MoePairs& pairs, int n, int top_k, int hidden,
                    int disabled_expert, float* out, cudaStream_t stream);
 
+// out[r] = the lowest id among the largest entries of logits row r ([rows, vocab]), or -1 - e when
+// entry e is the row's first that is not finite (Backend::run_greedy).
+void greedy_tokens(const float* logits, int rows, int vocab, int32_t* out, cudaStream_t stream);
+
 // x[i] = 1 / (1 + exp(-x[i])).
 void sigmoid_in_place(float* x, int count, cudaStream_t stream);
 

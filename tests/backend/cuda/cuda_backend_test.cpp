@@ -160,6 +160,27 @@ TEST_F(CudaEngineTest, GreedyTokensEqualTheCpuEngine) {
   EXPECT_GE(dynamic_cast<CudaBackend&>(gpu_engine.backend()).graph_steps(), 22);
 }
 
+// Greedy decode steps of several sequences, the tokens picked on the device, equal the argmax of
+// the logits decode() brings to the host for the same steps.
+TEST_F(CudaEngineTest, GreedyStepsPickTheArgmaxOfTheLogits) {
+  constexpr int kSequences = 3;
+  Engine with_logits(*model_, gpu_options(kSequences));
+  Engine greedy(*model_, gpu_options(kSequences));
+  const std::vector<int> seqs = {0, 1, 2};
+  std::vector<int32_t> tokens = prompt(kSequences, 5);
+  const int vocab = model_->spec().vocab_size;
+  for (int step = 0; step < 12; ++step) {
+    const std::vector<float> logits = with_logits.decode(seqs, tokens);
+    const std::vector<int32_t> got = greedy.decode_greedy(seqs, tokens);
+    ASSERT_EQ(got.size(), seqs.size());
+    for (int i = 0; i < kSequences; ++i) {
+      const float* row = logits.data() + static_cast<size_t>(i) * vocab;
+      tokens[i] = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
+      EXPECT_EQ(got[i], tokens[i]) << "step " << step << ", sequence " << i;
+    }
+  }
+}
+
 // A decode step of several sequences takes the grouped expert kernels (routing on the device); the
 // same step with an observer routes on the host with one product per expert. Same routing, and
 // logits that differ by the bf16 rounding of activations summed in another order.
