@@ -407,8 +407,18 @@ void CudaBackend::moe_block(int layer, int moe_index, const StepPlan& plan, KvLa
   // touched expert's weights read once on the tensor cores. Larger ones (prefill) sort on the
   // host and call cuBLAS per touched expert.
   if (experts_on_device(n, observer)) {
-    grouped_experts(layer, n, experts_d, gates_d, y, delta);  // writes delta
+    grouped_experts(layer, n, experts_d, gates_d, nullptr, nullptr, y, delta);  // writes delta
     routed_on_device_.emplace_back(layer, moe_index);
+  } else if (experts_grouped_from_host(n, observer)) {
+    std::vector<int32_t> experts(pairs);
+    std::vector<float> gates(pairs);
+    EKVA_CUDA_CHECK(cudaMemcpyAsync(experts.data(), experts_d, pairs * sizeof(int32_t),
+                                    cudaMemcpyDeviceToHost, stream_));
+    EKVA_CUDA_CHECK(cudaMemcpyAsync(gates.data(), gates_d, pairs * sizeof(float),
+                                    cudaMemcpyDeviceToHost, stream_));
+    EKVA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    record_routing(layer, plan, layout, experts.data());
+    grouped_experts(layer, n, experts_d, gates_d, experts.data(), gates.data(), y, delta);
   } else {
     EKVA_CUDA_CHECK(
         cudaMemsetAsync(delta, 0, static_cast<size_t>(n) * hidden * sizeof(float), stream_));
@@ -434,8 +444,21 @@ bool CudaBackend::experts_on_device(int n, const ForwardObserver* observer) cons
          grouped_gemm_supported(s.expert_intermediate, s.num_experts);
 }
 
+bool CudaBackend::experts_grouped_from_host(int n, const ForwardObserver* observer) const {
+  const ModelSpec& s = weights_->spec();
+  // At most 8 groups per expert on average: an expert's groups run side by side and share its
+  // weights in L2, where a coarse model's thousand pairs per expert (Mixtral's 4096-token prompt)
+  // are one cuBLAS product each.
+  constexpr int64_t kMaxMeanPairs = 8 * kMaxGroupedTokens;
+  return observer == nullptr && n > kMaxGroupedTokens &&
+         static_cast<int64_t>(n) * s.top_k <= kMaxMeanPairs * s.num_experts &&
+         grouped_gemm_supported(s.hidden_size, s.num_experts) &&
+         grouped_gemm_supported(s.expert_intermediate, s.num_experts);
+}
+
 void CudaBackend::grouped_experts(int layer, int n, const int32_t* experts, const float* gates,
-                                  float* y, float* delta) {
+                                  const int32_t* host_experts, const float* host_gates, float* y,
+                                  float* delta) {
   const ModelSpec& s = weights_->spec();
   const DeviceLayer& D = weights_->layer(layer);
   const int E = s.num_experts, k = s.top_k, hidden = s.hidden_size, inter = s.expert_intermediate;
@@ -449,7 +472,54 @@ void CudaBackend::grouped_experts(int layer, int n, const int32_t* experts, cons
   p.touched_first = ints + 4 * pairs;
   p.num_touched = ints + 5 * pairs + 1;
   p.gate = scratch(pair_gates_, pairs);
-  sort_pairs(experts, gates, n, k, E, p, stream_);
+  int groups = 0;
+  if (host_experts == nullptr) {
+    sort_pairs(experts, gates, n, k, E, p, stream_);
+  } else {
+    // The order sort_pairs gives (experts ascending, each expert's tokens ascending), each
+    // expert's pairs cut into groups of at most kMaxGroupedTokens.
+    std::vector<int32_t> host(5 * pairs + 2, 0);
+    std::vector<float> host_gate(pairs);
+    std::vector<int32_t> next(E + 1, 0);
+    for (size_t j = 0; j < pairs; ++j) ++next[host_experts[j] + 1];
+    for (int e = 0; e < E; ++e) next[e + 1] += next[e];
+    std::vector<int32_t> first(next.begin(), next.end());
+    int32_t* touched = host.data() + 3 * pairs;
+    int32_t* touched_first = host.data() + 4 * pairs;
+    for (int e = 0; e < E; ++e) {
+      for (int32_t g = first[e]; g < first[e + 1]; g += kMaxGroupedTokens) {
+        touched[groups] = e;
+        touched_first[groups++] = g;
+      }
+    }
+    touched_first[groups] = static_cast<int32_t>(pairs);
+    host[5 * pairs + 1] = groups;
+    for (int t = 0; t < n; ++t) {
+      const int32_t* token_experts = host_experts + static_cast<size_t>(t) * k;
+      for (int i = 0; i < k; ++i) {
+        const int e = token_experts[i];
+        const int32_t slot = next[e]++;
+        int order = 0;  // the token's experts below e
+        for (int r = 0; r < k; ++r) order += token_experts[r] < e;
+        host[slot] = t;
+        host[pairs + slot] = e;
+        host[2 * pairs + static_cast<size_t>(t) * k + order] = slot;
+        host_gate[slot] = host_gates[static_cast<size_t>(t) * k + i];
+      }
+    }
+    EKVA_CUDA_CHECK(cudaMemcpyAsync(ints, host.data(), host.size() * sizeof(int32_t),
+                                    cudaMemcpyHostToDevice, stream_));
+    EKVA_CUDA_CHECK(cudaMemcpyAsync(p.gate, host_gate.data(), pairs * sizeof(float),
+                                    cudaMemcpyHostToDevice, stream_));
+    // The pageable copies above are staged before they return, so the vectors may go.
+  }
+  const auto product = [&](const GroupedGemm& g) {
+    if (host_experts == nullptr) {
+      grouped_gemm(g, p, n, k, E, stream_);
+    } else {
+      grouped_gemm_groups(g, p, groups, static_cast<int>(pairs), stream_);
+    }
+  };
   GroupedGemm up;
   up.weights = D.expert_gate_up.data();
   up.input = x_bf16_.data();
@@ -457,7 +527,7 @@ void CudaBackend::grouped_experts(int layer, int n, const int32_t* experts, cons
   up.out = scratch(gate_up_, pairs * 2 * inter);
   up.out_rows = 2 * inter;
   up.in_cols = hidden;
-  grouped_gemm(up, p, n, k, E, stream_);
+  product(up);
   uint16_t* h = scratch(hidden_bf16_, pairs * inter);
   silu_mul(up.out, static_cast<int>(pairs), inter, h, stream_);
   GroupedGemm down;
@@ -466,7 +536,7 @@ void CudaBackend::grouped_experts(int layer, int n, const int32_t* experts, cons
   down.out = y;
   down.out_rows = hidden;
   down.in_cols = inter;
-  grouped_gemm(down, p, n, k, E, stream_);
+  product(down);
   combine_pairs(y, p, n, k, hidden, disabled_.first == layer ? disabled_.second : -1, delta,
                 stream_);
 }

@@ -94,9 +94,16 @@ class CudaBackend : public Backend {
                  ForwardObserver* observer);
   // Whether a step of n tokens keeps its routed experts on the device (grouped_experts).
   bool experts_on_device(int n, const ForwardObserver* observer) const;
-  // The routed experts of a small step, on the device alone; the host learns the routing when
-  // the step ends.
-  void grouped_experts(int layer, int n, const int32_t* experts, const float* gates, float* y,
+  // Whether a larger step runs its experts as grouped products over pairs sorted on the host: when
+  // the model's experts get few pairs each (fine-grained experts), where one product per expert
+  // would be many small ones.
+  bool experts_grouped_from_host(int n, const ForwardObserver* observer) const;
+  // The routed experts as grouped products that read each touched expert's weights once for all
+  // its pairs. The pairs are sorted on the device (a small step: the host learns the routing when
+  // the step ends) or, given host_experts and host_gates ([n, top_k], the routing on the host),
+  // on the host.
+  void grouped_experts(int layer, int n, const int32_t* experts, const float* gates,
+                       const int32_t* host_experts, const float* host_gates, float* y,
                        float* delta);
   // The routed experts with the routing on the host: one product per touched expert over its
   // rows (prefill), and the observer's callbacks.

@@ -147,6 +147,12 @@ void skinny_gemm_blocks(const uint16_t* x, int n, const uint16_t* w, int first_r
                         int out_rows, int in_cols, float* y, cudaStream_t stream);
 void grouped_gemm(const GroupedGemm& gemm, const MoePairs& pairs, int n, int top_k, int num_experts,
                   cudaStream_t stream);
+// The same over groups the caller formed (a step too large for sort_pairs, its pairs sorted on the
+// host): group c is pairs [touched_first[c], touched_first[c + 1]) of expert touched[c], at most
+// kMaxGroupedTokens of them; an expert with more pairs takes several consecutive groups, which run
+// side by side and so share its weights in L2.
+void grouped_gemm_groups(const GroupedGemm& gemm, const MoePairs& pairs, int num_groups,
+                         int num_pairs, cudaStream_t stream);
 // out[t] = the sum of gate * y[pair] over token t's pairs in ascending expert order, skipping
 // disabled_expert (-1: none).
 void combine_pairs(const float* y, const MoePairs& pairs, int n, int top_k, int hidden,

@@ -314,6 +314,17 @@ void grouped_gemm(const GroupedGemm& g, const MoePairs& pairs, int n, int k, int
   launch_grouped_gemm(g, pairs, n, std::min(num_experts, n * k), n * k, stream);
 }
 
+void grouped_gemm_groups(const GroupedGemm& g, const MoePairs& pairs, int num_groups, int num_pairs,
+                         cudaStream_t stream) {
+  if (!grouped_gemm_supported(g.in_cols, kMaxGroupedExperts) || num_groups < 0) {
+    fail(ErrorKind::kUnsupported,
+         "grouped_gemm_groups: {} input columns (a multiple of 8), {} groups", g.in_cols,
+         num_groups);
+  }
+  if (num_groups == 0) return;
+  launch_grouped_gemm(g, pairs, kMaxGroupedTokens, num_groups, num_pairs, stream);
+}
+
 bool skinny_gemm_supported(int n, int in_cols) {
   return n <= kMaxGroupedTokens && in_cols % 8 == 0;
 }
