@@ -126,6 +126,8 @@ CudaBackend::CudaBackend(std::shared_ptr<const DeviceModel> weights, int64_t row
   EKVA_CUDA_CHECK(cudaMemsetAsync(pool_.data(), 0, pool_.bytes(), stream_));
   EKVA_CUDA_CHECK(cudaMemsetAsync(meta_.data(), 0, meta_.bytes(), stream_));
   EKVA_CUDA_CHECK(cudaMemsetAsync(flags_.data(), 0, flags_.bytes(), stream_));  // apply_all's
+  route_counters_ = DeviceBuffer<uint32_t>(kMaxRoutedTokens);
+  EKVA_CUDA_CHECK(cudaMemsetAsync(route_counters_.data(), 0, route_counters_.bytes(), stream_));
 }
 
 CudaBackend::~CudaBackend() {
@@ -397,27 +399,44 @@ void CudaBackend::moe_block(int layer, int moe_index, const StepPlan& plan, KvLa
   }
   const int E = s.num_experts, k = s.top_k;
   float* logits = scratch(router_logits_, static_cast<size_t>(n) * E);
-  gemm_->f32(normed_.data(), n, D.router.data(), E, hidden, logits);
   const size_t pairs = static_cast<size_t>(n) * k;
   // Each MoE layer's routing stays on the device until the step ends (experts_, gates_).
   int32_t* experts_d = experts_.data() + moe_index * pairs;
   float* gates_d = gates_.data() + moe_index * pairs;
-  route_tokens(logits, n, E, k, s.norm_topk_prob, experts_d, gates_d, stream_);
+  if (route_experts_supported(n, hidden, E)) {
+    route_experts(normed_.data(), D.router.data(), n, hidden, E, k, s.norm_topk_prob, logits,
+                  experts_d, gates_d, route_counters_.data(), stream_);
+  } else {
+    gemm_->f32(normed_.data(), n, D.router.data(), E, hidden, logits);
+    route_tokens(logits, n, E, k, s.norm_topk_prob, experts_d, gates_d, stream_);
+  }
   // Small steps (decode) keep the experts on the device: no host round trip per layer, and each
   // touched expert's weights read once on the tensor cores. Larger ones (prefill) sort on the
-  // host and call cuBLAS per touched expert.
+  // host, then run grouped products (fine-grained experts) or one cuBLAS product per touched
+  // expert (coarse experts, and observers that read K/V or expert outputs).
   if (experts_on_device(n, observer)) {
     grouped_experts(layer, n, experts_d, gates_d, nullptr, nullptr, y, delta);  // writes delta
     routed_on_device_.emplace_back(layer, moe_index);
   } else if (experts_grouped_from_host(n, observer)) {
     std::vector<int32_t> experts(pairs);
     std::vector<float> gates(pairs);
+    std::vector<float> host_logits(observer != nullptr ? static_cast<size_t>(n) * E : 0);
     EKVA_CUDA_CHECK(cudaMemcpyAsync(experts.data(), experts_d, pairs * sizeof(int32_t),
                                     cudaMemcpyDeviceToHost, stream_));
     EKVA_CUDA_CHECK(cudaMemcpyAsync(gates.data(), gates_d, pairs * sizeof(float),
                                     cudaMemcpyDeviceToHost, stream_));
+    if (observer != nullptr) {
+      EKVA_CUDA_CHECK(cudaMemcpyAsync(host_logits.data(), logits,
+                                      host_logits.size() * sizeof(float), cudaMemcpyDeviceToHost,
+                                      stream_));
+    }
     EKVA_CUDA_CHECK(cudaStreamSynchronize(stream_));
     record_routing(layer, plan, layout, experts.data());
+    if (observer != nullptr) {  // one that reads the routing alone (a prompt's recorder)
+      observer->on_router_logits(layer, moe_index, host_logits.data(), n, E);
+      observer->on_layer_routed(layer, batch, layout, nullptr, nullptr, experts.data(),
+                                gates.data(), k);
+    }
     grouped_experts(layer, n, experts_d, gates_d, experts.data(), gates.data(), y, delta);
   } else {
     EKVA_CUDA_CHECK(
@@ -450,7 +469,9 @@ bool CudaBackend::experts_grouped_from_host(int n, const ForwardObserver* observ
   // weights in L2, where a coarse model's thousand pairs per expert (Mixtral's 4096-token prompt)
   // are one cuBLAS product each.
   constexpr int64_t kMaxMeanPairs = 8 * kMaxGroupedTokens;
-  return observer == nullptr && n > kMaxGroupedTokens &&
+  const bool routing_only =
+      observer == nullptr || (!observer->reads_kv() && !observer->reads_expert_outputs());
+  return routing_only && n > kMaxGroupedTokens &&
          static_cast<int64_t>(n) * s.top_k <= kMaxMeanPairs * s.num_experts &&
          grouped_gemm_supported(s.hidden_size, s.num_experts) &&
          grouped_gemm_supported(s.expert_intermediate, s.num_experts);

@@ -96,7 +96,8 @@ class CudaBackend : public Backend {
   bool experts_on_device(int n, const ForwardObserver* observer) const;
   // Whether a larger step runs its experts as grouped products over pairs sorted on the host: when
   // the model's experts get few pairs each (fine-grained experts), where one product per expert
-  // would be many small ones.
+  // would be many small ones, and no observer reads K/V or expert outputs (a prompt's recorder
+  // reads the routing alone).
   bool experts_grouped_from_host(int n, const ForwardObserver* observer) const;
   // The routed experts as grouped products that read each touched expert's weights once for all
   // its pairs. The pairs are sorted on the device (a small step: the host learns the routing when
@@ -164,6 +165,7 @@ class CudaBackend : public Backend {
   DeviceBuffer<uint8_t> decode_schedules_, decode_scratch_;
   PinnedBuffer<uint8_t> decode_schedules_host_;
   DeviceBuffer<int32_t> experts_, expert_rows_, pair_ints_;  // experts_: [MoE layer, token, k]
+  DeviceBuffer<uint32_t> route_counters_;                    // route_experts', zero between calls
   DeviceBuffer<float> expert_gates_, pair_gates_;
   // This step's (layer, MoE index) whose routing is still on the device.
   std::vector<std::pair<int, int>> routed_on_device_;

@@ -8,6 +8,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_common.cuh"
 #include "backend/cuda/model_ops.h"
+#include "core/error.h"
 
 namespace ekva::cuda {
 namespace {
@@ -124,18 +125,18 @@ __global__ void rope_kernel(float* x, int n, int num_heads, int head_dim, const 
 // One warp per token. The probabilities as Router::route forms them (max, exp, sum, divide), then
 // top_k rounds of a warp arg-max with ties to the lower id.
 constexpr int kMaxExpertsPerLane = 8;  // 256 experts
-__global__ void route_kernel(const float* logits, int n, int num_experts, int top_k,
-                             bool renormalise, int32_t* experts, float* gates) {
+
+// One warp routes one token from its logits l (read through L2: route_experts_kernel's are written
+// by other CTAs of the same grid).
+__device__ void route_token(const float* l, int num_experts, int top_k, bool renormalise,
+                            int32_t* experts, float* gates) {
   const int lane = threadIdx.x % 32;
-  const int token = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-  if (token >= n) return;
-  const float* l = logits + static_cast<int64_t>(token) * num_experts;
   float p[kMaxExpertsPerLane];
   float mx = -FLT_MAX;
 #pragma unroll
   for (int j = 0; j < kMaxExpertsPerLane; ++j) {
     const int e = lane + 32 * j;
-    p[j] = e < num_experts ? l[e] : -FLT_MAX;
+    p[j] = e < num_experts ? __ldcg(l + e) : -FLT_MAX;
     mx = fmaxf(mx, p[j]);
   }
   for (int offset = 16; offset > 0; offset /= 2)
@@ -181,9 +182,54 @@ __global__ void route_kernel(const float* logits, int n, int num_experts, int to
     if (best_e % 32 == lane) p[best_e / 32] = -1.0f;
   }
   if (lane < top_k) {
-    experts[static_cast<int64_t>(token) * top_k + lane] = chosen_e;
-    gates[static_cast<int64_t>(token) * top_k + lane] = renormalise ? chosen_p / top_sum : chosen_p;
+    experts[lane] = chosen_e;
+    gates[lane] = renormalise ? chosen_p / top_sum : chosen_p;
   }
+}
+
+__global__ void route_kernel(const float* logits, int n, int num_experts, int top_k,
+                             bool renormalise, int32_t* experts, float* gates) {
+  const int token = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  if (token >= n) return;
+  route_token(logits + static_cast<int64_t>(token) * num_experts, num_experts, top_k, renormalise,
+              experts + static_cast<int64_t>(token) * top_k,
+              gates + static_cast<int64_t>(token) * top_k);
+}
+
+// Grid (expert blocks, tokens): warp w of CTA (b, t) takes the logit of expert 8b + w for token t,
+// a float32 dot product over the hidden size. The CTA that finishes a token's last expert block
+// routes the token; counters[t] counts the finished blocks and is left at zero for the next call.
+constexpr int kRouterWarps = 8;
+__global__ void __launch_bounds__(kRouterWarps * 32)
+    route_experts_kernel(const float* x, const float* w, int hidden, int num_experts, int top_k,
+                         bool renormalise, float* logits, int32_t* experts, float* gates,
+                         uint32_t* counters) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int token = blockIdx.y;
+  const int e = blockIdx.x * kRouterWarps + warp;
+  float* token_logits = logits + static_cast<int64_t>(token) * num_experts;
+  if (e < num_experts) {
+    const auto* xv = reinterpret_cast<const float4*>(x + static_cast<int64_t>(token) * hidden);
+    const auto* wv = reinterpret_cast<const float4*>(w + static_cast<int64_t>(e) * hidden);
+    float sum = 0.0f;
+    for (int i = lane; i < hidden / 4; i += 32) {
+      const float4 a = xv[i], b = wv[i];
+      sum += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+    }
+    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    if (lane == 0) token_logits[e] = sum;
+  }
+  __shared__ bool last;
+  __threadfence();  // this CTA's logits before its count
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(counters + token, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last || warp != 0) return;
+  __threadfence();  // every block's logits of the token are visible once its count is complete
+  route_token(token_logits, num_experts, top_k, renormalise,
+              experts + static_cast<int64_t>(token) * top_k,
+              gates + static_cast<int64_t>(token) * top_k);
+  if (lane == 0) counters[token] = 0;
 }
 
 __global__ void gather_rows_kernel(const uint16_t* x, const int32_t* rows, int count, int cols,
@@ -337,6 +383,26 @@ void apply_rope(float* x, int n, int num_heads, int head_dim, const int32_t* pos
   rope_kernel<<<grid_for(static_cast<int64_t>(n) * num_heads * head_dim / 2), kThreads, 0,
                 stream>>>(x, n, num_heads, head_dim, positions, inv_freq, attention_factor, rows,
                           rows_bf16);
+  EKVA_CUDA_CHECK(cudaGetLastError());
+}
+
+bool route_experts_supported(int n, int hidden, int num_experts) {
+  return n <= kMaxRoutedTokens && hidden % 4 == 0 && num_experts <= 32 * kMaxExpertsPerLane;
+}
+
+void route_experts(const float* x, const float* router, int n, int hidden, int num_experts,
+                   int top_k, bool renormalise, float* logits, int32_t* experts, float* gates,
+                   uint32_t* counters, cudaStream_t stream) {
+  if (!route_experts_supported(n, hidden, num_experts) || top_k > 32) {
+    fail(ErrorKind::kUnsupported,
+         "route_experts: {} tokens (at most {}), hidden size {} (a multiple of 4), {} experts (at "
+         "most {}), top-{}",
+         n, kMaxRoutedTokens, hidden, num_experts, 32 * kMaxExpertsPerLane, top_k);
+  }
+  if (n == 0) return;
+  const dim3 grid((num_experts + kRouterWarps - 1) / kRouterWarps, n);
+  route_experts_kernel<<<grid, kRouterWarps * 32, 0, stream>>>(
+      x, router, hidden, num_experts, top_k, renormalise, logits, experts, gates, counters);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 

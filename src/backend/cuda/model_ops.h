@@ -43,6 +43,15 @@ void apply_rope(float* x, int n, int num_heads, int head_dim, const int32_t* pos
 // gates renormalised over the top_k when asked. experts and gates: [n, top_k], best first.
 void route_tokens(const float* logits, int n, int num_experts, int top_k, bool renormalise,
                   int32_t* experts, float* gates, cudaStream_t stream);
+// The router's float32 logits (x [n, hidden] times router [num_experts, hidden] transposed, into
+// logits) and route_tokens in one kernel, for the few tokens of a decode step, where a GEMV
+// through cuBLAS and the routing took three kernels. counters: [kMaxRoutedTokens], zero before
+// the call and left at zero.
+inline constexpr int kMaxRoutedTokens = 64;
+bool route_experts_supported(int n, int hidden, int num_experts);
+void route_experts(const float* x, const float* router, int n, int hidden, int num_experts,
+                   int top_k, bool renormalise, float* logits, int32_t* experts, float* gates,
+                   uint32_t* counters, cudaStream_t stream);
 
 // cpu::attention for one layer: each token's query heads over the retained slots of its
 // (sequence, KV head) whose position is at most the token's, softmax scale 1/sqrt(head_dim).

@@ -210,29 +210,43 @@ TEST_F(CudaEngineTest, GroupedExpertsMatchTheHostRoutedPath) {
 }
 
 // A prompt of more tokens than the device sort takes has its pairs sorted on the host and its
-// experts run as grouped products (an expert's pairs cut into groups of 64); with an observer the
-// same step takes one product per expert. Same routing, logits equal up to rounding.
-TEST_F(CudaEngineTest, PromptExpertsGroupedOnTheHostMatchTheHostRoutedPath) {
+// experts run as grouped products (an expert's pairs cut into groups of 64); with an observer that
+// reads expert outputs the same step takes one product per expert. Both against the CPU engine
+// (bf16 K/V): the same routing, logits within kLogitBound.
+TEST_F(CudaEngineTest, PromptExpertsGroupedOnTheHostMatchTheCpu) {
+  EngineOptions cpu;
+  cpu.kv.dtype = DType::kBF16;
+  Engine cpu_engine(*model_, cpu);
   Engine grouped(*model_, gpu_options());
   Engine host_routed(*model_, gpu_options());
   const std::vector<int32_t> tokens = prompt(testing::small_sizes() ? 130 : 300, 77);
   ForwardBatch batch;
   for (size_t t = 0; t < tokens.size(); ++t) batch.add(tokens[t], 0, static_cast<int32_t>(t));
-  RouterLogitsRecorder observer;
-  const std::vector<float> want = host_routed.step(batch, &observer);
+  // Reads each expert's outputs, which only the one-product-per-expert path gives.
+  class ExpertOutputs : public ForwardObserver {
+   public:
+    bool reads_expert_outputs() const override { return true; }
+  } observer;
+  const std::vector<float> want = cpu_engine.step(batch);
+  const std::vector<float> per_expert = host_routed.step(batch, &observer);
   const std::vector<float> got = grouped.step(batch);
   ASSERT_EQ(got.size(), want.size());
-  const double error = ekva::testing::relative_error(got.data(), want.data(), got.size());
-  RecordProperty("relative_error", std::to_string(error));
-  EXPECT_LE(error, 1e-2);
+  ASSERT_EQ(per_expert.size(), want.size());
+  const double grouped_error = ekva::testing::relative_error(got.data(), want.data(), got.size());
+  const double per_expert_error =
+      ekva::testing::relative_error(per_expert.data(), want.data(), want.size());
+  RecordProperty("grouped_relative_error", std::to_string(grouped_error));
+  RecordProperty("per_expert_relative_error", std::to_string(per_expert_error));
+  EXPECT_LE(grouped_error, kLogitBound);
+  EXPECT_LE(per_expert_error, kLogitBound);
   for (int l = 0; l < model_->spec().num_layers; ++l) {
     for (int h = 0; h < model_->spec().num_kv_heads; ++h) {
       const HeadTable& a = grouped.layout().table(0, l, h);
-      const HeadTable& b = host_routed.layout().table(0, l, h);
+      const HeadTable& b = cpu_engine.layout().table(0, l, h);
       ASSERT_EQ(a.size(), b.size());
-      for (int i = 0; i < a.size(); ++i) {
-        EXPECT_EQ(a.meta[i].expert, b.meta[i].expert) << "layer " << l << " slot " << i;
-      }
+      int differ = 0;
+      for (int i = 0; i < a.size(); ++i) differ += a.meta[i].expert != b.meta[i].expert;
+      EXPECT_LE(differ, a.size() / 50) << "layer " << l << " KV head " << h;
     }
   }
 }

@@ -3,12 +3,15 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 #include <random>
 #include <vector>
 
 #include "backend/cuda/device_buffer.h"
+#include "core/error.h"
 #include "paged_kv_fixture.h"
 
 namespace ekva::cuda {
@@ -56,6 +59,74 @@ TEST(GreedyTokens, LowestIdOfTheLargestAndTheFirstNonFiniteEntry) {
   greedy_tokens(logits_d.data(), kRows, kVocab, out.data(), nullptr);
   EKVA_CUDA_CHECK(cudaDeviceSynchronize());
   EXPECT_EQ(out.download(), want);
+}
+
+// The decode step's fused router: float32 logits against double products, and the softmax's top-k
+// (ties to the lower id) with gates, over two calls on the same counters (the first leaves them at
+// zero for the second).
+TEST(RouteExperts, LogitsTopKAndGatesMatchTheHost) {
+  EKVA_SKIP_WITHOUT_GPU();
+  struct Shape {
+    int n, hidden, experts, top_k;
+    bool renormalise;
+  };
+  std::mt19937 rng(23);
+  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  DeviceBuffer<uint32_t> counters(kMaxRoutedTokens);
+  EKVA_CUDA_CHECK(cudaMemset(counters.data(), 0, counters.bytes()));
+  for (const Shape c : {Shape{5, 1000, 60, 4, true}, Shape{kMaxRoutedTokens, 2048, 128, 8, false},
+                        Shape{1, 4096, 8, 2, true}}) {
+    SCOPED_TRACE(::testing::Message() << c.n << " tokens, " << c.experts << " experts");
+    std::vector<float> x(static_cast<size_t>(c.n) * c.hidden),
+        w(static_cast<size_t>(c.experts) * c.hidden);
+    for (float& v : x) v = value(rng);
+    for (float& v : w) v = value(rng) * 0.05f;
+    DeviceBuffer<float> x_d{std::span<const float>(x)}, w_d{std::span<const float>(w)};
+    DeviceBuffer<float> logits_d(static_cast<size_t>(c.n) * c.experts);
+    DeviceBuffer<int32_t> experts_d(static_cast<size_t>(c.n) * c.top_k);
+    DeviceBuffer<float> gates_d(static_cast<size_t>(c.n) * c.top_k);
+    route_experts(x_d.data(), w_d.data(), c.n, c.hidden, c.experts, c.top_k, c.renormalise,
+                  logits_d.data(), experts_d.data(), gates_d.data(), counters.data(), nullptr);
+    EKVA_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<float> logits = logits_d.download();
+    const std::vector<int32_t> experts = experts_d.download();
+    const std::vector<float> gates = gates_d.download();
+    for (int t = 0; t < c.n; ++t) {
+      std::vector<double> want(c.experts);
+      for (int e = 0; e < c.experts; ++e) {
+        double dot = 0, magnitude = 0;
+        for (int i = 0; i < c.hidden; ++i) {
+          const double term = static_cast<double>(x[static_cast<size_t>(t) * c.hidden + i]) *
+                              w[static_cast<size_t>(e) * c.hidden + i];
+          dot += term;
+          magnitude += std::abs(term);
+        }
+        want[e] = dot;
+        ASSERT_NEAR(logits[static_cast<size_t>(t) * c.experts + e], dot, 1e-5 * magnitude + 1e-6);
+      }
+      std::vector<int> order(c.experts);
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return want[a] > want[b]; });
+      double mx = want[order[0]], sum = 0, top = 0;
+      for (double l : want) sum += std::exp(l - mx);
+      for (int i = 0; i < c.top_k; ++i) top += std::exp(want[order[i]] - mx) / sum;
+      // A pick whose logit is within float rounding of the next one's may go either way.
+      bool clear = true;
+      for (int i = 0; i < c.top_k; ++i) clear = clear && want[order[i]] - want[order[i + 1]] > 1e-4;
+      if (!clear) continue;
+      for (int i = 0; i < c.top_k; ++i) {
+        EXPECT_EQ(experts[static_cast<size_t>(t) * c.top_k + i], order[i]) << "token " << t;
+        const double p = std::exp(want[order[i]] - mx) / sum;
+        EXPECT_NEAR(gates[static_cast<size_t>(t) * c.top_k + i], c.renormalise ? p / top : p, 1e-5);
+      }
+    }
+    EXPECT_EQ(counters.download(), std::vector<uint32_t>(kMaxRoutedTokens, 0));
+  }
+  EXPECT_FALSE(route_experts_supported(kMaxRoutedTokens + 1, 1024, 8));
+  EXPECT_FALSE(route_experts_supported(1, 1022, 8));
+  EXPECT_THROW(route_experts(nullptr, nullptr, 1, 1022, 8, 2, true, nullptr, nullptr, nullptr,
+                             nullptr, nullptr),
+               Error);
 }
 
 }  // namespace
