@@ -196,36 +196,50 @@ __global__ void route_kernel(const float* logits, int n, int num_experts, int to
               gates + static_cast<int64_t>(token) * top_k);
 }
 
-// Grid (expert blocks, tokens): warp w of CTA (b, t) takes the logit of expert 8b + w for token t,
-// a float32 dot product over the hidden size. The CTA that finishes a token's last expert block
-// routes the token; counters[t] counts the finished blocks and is left at zero for the next call.
-constexpr int kRouterWarps = 8;
-__global__ void __launch_bounds__(kRouterWarps * 32)
+// Grid (experts, tokens): CTA (e, t) takes the logit of expert e for token t, a float32 dot product
+// over the hidden size spread over the CTA's threads, whose loads are all issued before any is
+// summed (a decode step's router is latency-bound). The CTA that finishes a token's last logit
+// routes the token; counters[t] counts the finished logits and is left at zero for the next call.
+constexpr int kRouterThreads = 256;
+constexpr int kRouterUnroll = 4;
+__global__ void __launch_bounds__(kRouterThreads)
     route_experts_kernel(const float* x, const float* w, int hidden, int num_experts, int top_k,
                          bool renormalise, float* logits, int32_t* experts, float* gates,
                          uint32_t* counters) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int token = blockIdx.y;
-  const int e = blockIdx.x * kRouterWarps + warp;
-  float* token_logits = logits + static_cast<int64_t>(token) * num_experts;
-  if (e < num_experts) {
-    const auto* xv = reinterpret_cast<const float4*>(x + static_cast<int64_t>(token) * hidden);
-    const auto* wv = reinterpret_cast<const float4*>(w + static_cast<int64_t>(e) * hidden);
-    float sum = 0.0f;
-    for (int i = lane; i < hidden / 4; i += 32) {
-      const float4 a = xv[i], b = wv[i];
-      sum += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
-    }
-    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    if (lane == 0) token_logits[e] = sum;
-  }
+  __shared__ float partial[kRouterThreads / 32];
   __shared__ bool last;
-  __threadfence();  // this CTA's logits before its count
+  const int e = blockIdx.x, token = blockIdx.y;
+  const auto* xv = reinterpret_cast<const float4*>(x + static_cast<int64_t>(token) * hidden);
+  const auto* wv = reinterpret_cast<const float4*>(w + static_cast<int64_t>(e) * hidden);
+  const int quads = hidden / 4;
+  float sum = 0.0f;
+  for (int base = threadIdx.x; base < quads; base += kRouterThreads * kRouterUnroll) {
+    float4 a[kRouterUnroll], b[kRouterUnroll];
+#pragma unroll
+    for (int u = 0; u < kRouterUnroll; ++u) {
+      const int i = base + u * kRouterThreads;
+      a[u] = i < quads ? xv[i] : float4{};
+      b[u] = i < quads ? wv[i] : float4{};
+    }
+#pragma unroll
+    for (int u = 0; u < kRouterUnroll; ++u)
+      sum += a[u].x * b[u].x + a[u].y * b[u].y + a[u].z * b[u].z + a[u].w * b[u].w;
+  }
+  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) partial[warp] = sum;
   __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(counters + token, 1u) == gridDim.x - 1;
+  float* token_logits = logits + static_cast<int64_t>(token) * num_experts;
+  if (threadIdx.x == 0) {
+    float total = 0.0f;
+    for (int i = 0; i < kRouterThreads / 32; ++i) total += partial[i];
+    token_logits[e] = total;
+    __threadfence();  // the logit before its count
+    last = atomicAdd(counters + token, 1u) == gridDim.x - 1;
+  }
   __syncthreads();
   if (!last || warp != 0) return;
-  __threadfence();  // every block's logits of the token are visible once its count is complete
+  __threadfence();  // every logit of the token is visible once its count is complete
   route_token(token_logits, num_experts, top_k, renormalise,
               experts + static_cast<int64_t>(token) * top_k,
               gates + static_cast<int64_t>(token) * top_k);
@@ -400,8 +414,7 @@ void route_experts(const float* x, const float* router, int n, int hidden, int n
          n, kMaxRoutedTokens, hidden, num_experts, 32 * kMaxExpertsPerLane, top_k);
   }
   if (n == 0) return;
-  const dim3 grid((num_experts + kRouterWarps - 1) / kRouterWarps, n);
-  route_experts_kernel<<<grid, kRouterWarps * 32, 0, stream>>>(
+  route_experts_kernel<<<dim3(num_experts, n), kRouterThreads, 0, stream>>>(
       x, router, hidden, num_experts, top_k, renormalise, logits, experts, gates, counters);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }

