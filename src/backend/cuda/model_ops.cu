@@ -401,7 +401,8 @@ void apply_rope(float* x, int n, int num_heads, int head_dim, const int32_t* pos
 }
 
 bool route_experts_supported(int n, int hidden, int num_experts) {
-  return n <= kMaxRoutedTokens && hidden % 4 == 0 && num_experts <= 32 * kMaxExpertsPerLane;
+  return n <= kMaxRoutedTokens && hidden % 4 == 0 && num_experts >= kMinRoutedExperts &&
+         num_experts <= 32 * kMaxExpertsPerLane;
 }
 
 void route_experts(const float* x, const float* router, int n, int hidden, int num_experts,

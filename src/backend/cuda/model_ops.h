@@ -44,10 +44,12 @@ void apply_rope(float* x, int n, int num_heads, int head_dim, const int32_t* pos
 void route_tokens(const float* logits, int n, int num_experts, int top_k, bool renormalise,
                   int32_t* experts, float* gates, cudaStream_t stream);
 // The router's float32 logits (x [n, hidden] times router [num_experts, hidden] transposed, into
-// logits) and route_tokens in one kernel, for the few tokens of a decode step, where a GEMV
-// through cuBLAS and the routing took three kernels. counters: [kMaxRoutedTokens], zero before
-// the call and left at zero.
+// logits) and route_tokens in one kernel, for the few tokens of a decode step of a model with
+// many experts, where a GEMV through cuBLAS and the routing took three kernels (with 8 experts
+// the three were faster: docs/BENCHMARKS.md). counters: [kMaxRoutedTokens], zero before the call
+// and left at zero.
 inline constexpr int kMaxRoutedTokens = 64;
+inline constexpr int kMinRoutedExperts = 32;
 bool route_experts_supported(int n, int hidden, int num_experts);
 void route_experts(const float* x, const float* router, int n, int hidden, int num_experts,
                    int top_k, bool renormalise, float* logits, int32_t* experts, float* gates,

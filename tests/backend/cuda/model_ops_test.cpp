@@ -75,7 +75,7 @@ TEST(RouteExperts, LogitsTopKAndGatesMatchTheHost) {
   DeviceBuffer<uint32_t> counters(kMaxRoutedTokens);
   EKVA_CUDA_CHECK(cudaMemset(counters.data(), 0, counters.bytes()));
   for (const Shape c : {Shape{5, 1000, 60, 4, true}, Shape{kMaxRoutedTokens, 2048, 128, 8, false},
-                        Shape{1, 4096, 8, 2, true}}) {
+                        Shape{1, 4096, kMinRoutedExperts, 2, true}}) {
     SCOPED_TRACE(::testing::Message() << c.n << " tokens, " << c.experts << " experts");
     std::vector<float> x(static_cast<size_t>(c.n) * c.hidden),
         w(static_cast<size_t>(c.experts) * c.hidden);
@@ -122,9 +122,10 @@ TEST(RouteExperts, LogitsTopKAndGatesMatchTheHost) {
     }
     EXPECT_EQ(counters.download(), std::vector<uint32_t>(kMaxRoutedTokens, 0));
   }
-  EXPECT_FALSE(route_experts_supported(kMaxRoutedTokens + 1, 1024, 8));
-  EXPECT_FALSE(route_experts_supported(1, 1022, 8));
-  EXPECT_THROW(route_experts(nullptr, nullptr, 1, 1022, 8, 2, true, nullptr, nullptr, nullptr,
+  EXPECT_FALSE(route_experts_supported(kMaxRoutedTokens + 1, 1024, 64));
+  EXPECT_FALSE(route_experts_supported(1, 1022, 64));
+  EXPECT_FALSE(route_experts_supported(1, 1024, kMinRoutedExperts - 1));
+  EXPECT_THROW(route_experts(nullptr, nullptr, 1, 1022, 64, 2, true, nullptr, nullptr, nullptr,
                              nullptr, nullptr),
                Error);
 }
