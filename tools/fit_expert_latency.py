@@ -39,7 +39,13 @@ def main():
     held_models = [m for m in a.held_out.split(",") if m]
     rows = []  # (model, batch, budget, measured ms, recorded prediction ms, [(rows, latency s)])
     for model in fit_models + held_models:
-        bench = json.load(open(f"{a.bench_dir}/bench-{model}.json"))
+        path = f"{a.bench_dir}/bench-{model}.json"
+        try:
+            bench = json.load(open(path))
+        except (OSError, json.JSONDecodeError) as e:
+            raise SystemExit(f"fit_expert_latency: cannot read {path}: {e}")
+        if not bench.get("decode"):
+            raise SystemExit(f"fit_expert_latency: {path} has no decode rows (ekva bench --json)")
         cache = {}
         for r in bench["decode"]:
             key = (r["batch"], r["context"])
