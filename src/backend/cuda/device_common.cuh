@@ -51,11 +51,21 @@ __device__ __forceinline__ int count_in(int* counter) {
   return old;
 }
 
+// The opening of a kernel launched with launch_overlapping that needs nothing before the kernel
+// before it completes: wait for that kernel, then let the next one start, so that a launch
+// overlaps the run of one kernel before it and never more. Every overlapping kernel waits before
+// it exits, else a kernel two launches on could start while the first still runs.
+__device__ __forceinline__ void follow_prior_grid() {
+  wait_for_prior_grid();
+  allow_next_grid();
+}
+
 // Launches `kernel` with programmatic stream serialization, so that it may start while the kernel
 // before it finishes (it calls wait_for_prior_grid before touching what that kernel touches).
-template <typename Launch>
-void launch_overlapping(void (*kernel)(Launch), dim3 grid, dim3 block, size_t shared_bytes,
-                        cudaStream_t stream, const Launch& launch) {
+template <typename... Params, typename... Args>
+void launch_overlapping(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
+                        cudaStream_t stream, const Args&... args) {
+  static_assert(sizeof...(Params) == sizeof...(Args));
   cudaLaunchAttribute overlap{};
   overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   overlap.val.programmaticStreamSerializationAllowed = 1;
@@ -66,7 +76,7 @@ void launch_overlapping(void (*kernel)(Launch), dim3 grid, dim3 block, size_t sh
   config.stream = stream;
   config.attrs = &overlap;
   config.numAttrs = 1;
-  EKVA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, launch));
+  EKVA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...));
 }
 
 // 16-byte global->shared copy that bypasses L1, under an L2 cache policy; when !valid it writes

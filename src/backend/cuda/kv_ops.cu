@@ -15,6 +15,7 @@ namespace {
 
 // One thread per (token, KV head, rotary pair).
 __global__ void append_kv_kernel(const AppendLaunch p) {
+  follow_prior_grid();
   const int half = p.head_dim / 2;
   const int64_t total = static_cast<int64_t>(p.count) * p.num_kv_heads * half;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
@@ -394,6 +395,7 @@ __global__ void __launch_bounds__(kEvictThreads) evict_decode_kernel(const Decod
 }
 
 __global__ void add_scores_kernel(TokenMeta* meta, const float* delta, int64_t rows) {
+  follow_prior_grid();
   for (int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; r < rows;
        r += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     meta[r].score += delta[r];
@@ -402,6 +404,7 @@ __global__ void add_scores_kernel(TokenMeta* meta, const float* delta, int64_t r
 
 __global__ void gather_scores_kernel(const TokenMeta* meta, const int32_t* rows, int64_t n,
                                      float* out) {
+  follow_prior_grid();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     out[i] = meta[rows[i]].score;
@@ -410,6 +413,7 @@ __global__ void gather_scores_kernel(const TokenMeta* meta, const int32_t* rows,
 
 __global__ void scatter_scores_kernel(TokenMeta* meta, const int32_t* rows, const float* scores,
                                       int64_t n) {
+  follow_prior_grid();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     meta[rows[i]].score = scores[i];
@@ -417,6 +421,7 @@ __global__ void scatter_scores_kernel(TokenMeta* meta, const int32_t* rows, cons
 }
 
 __global__ void flag_rows_kernel(uint8_t* flags, const int32_t* rows, int64_t n) {
+  follow_prior_grid();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     flags[rows[i]] = 1;
@@ -435,7 +440,7 @@ void launch_append_kv(const AppendLaunch& launch, cudaStream_t stream) {
       static_cast<int64_t>(launch.count) * launch.num_kv_heads * launch.head_dim / 2;
   const int threads = 256;
   const int blocks = static_cast<int>(std::min<int64_t>((work + threads - 1) / threads, 4096));
-  append_kv_kernel<<<blocks, threads, 0, stream>>>(launch);
+  launch_overlapping(append_kv_kernel, dim3(blocks), dim3(threads), 0, stream, launch);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -453,27 +458,31 @@ void launch_evict_decode(const DecodeEvictLaunch& launch, cudaStream_t stream) {
 
 void add_scores(TokenMeta* meta, const float* delta, int64_t rows, cudaStream_t stream) {
   if (rows <= 0) return;
-  add_scores_kernel<<<grid_for(rows, 256), 256, 0, stream>>>(meta, delta, rows);
+  launch_overlapping(add_scores_kernel, dim3(grid_for(rows, 256)), dim3(256), 0, stream, meta,
+                     delta, rows);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 
 void gather_scores(const TokenMeta* meta, const int32_t* rows, int64_t n, float* out,
                    cudaStream_t stream) {
   if (n <= 0) return;
-  gather_scores_kernel<<<grid_for(n, 256), 256, 0, stream>>>(meta, rows, n, out);
+  launch_overlapping(gather_scores_kernel, dim3(grid_for(n, 256)), dim3(256), 0, stream, meta, rows,
+                     n, out);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 
 void scatter_scores(TokenMeta* meta, const int32_t* rows, const float* scores, int64_t n,
                     cudaStream_t stream) {
   if (n <= 0) return;
-  scatter_scores_kernel<<<grid_for(n, 256), 256, 0, stream>>>(meta, rows, scores, n);
+  launch_overlapping(scatter_scores_kernel, dim3(grid_for(n, 256)), dim3(256), 0, stream, meta,
+                     rows, scores, n);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 
 void flag_rows(uint8_t* flags, const int32_t* rows, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
-  flag_rows_kernel<<<grid_for(n, 256), 256, 0, stream>>>(flags, rows, n);
+  launch_overlapping(flag_rows_kernel, dim3(grid_for(n, 256)), dim3(256), 0, stream, flags, rows,
+                     n);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -26,6 +26,7 @@ int grid_for(int64_t work) {
 
 __global__ void embed_rows_kernel(const uint16_t* table, const int32_t* tokens, int n, int hidden,
                                   float* x) {
+  follow_prior_grid();
   EKVA_FOR_EACH(i, static_cast<int64_t>(n) * hidden) {
     const int64_t t = i / hidden;
     x[i] = bf16_bits_to_float(table[static_cast<int64_t>(tokens[t]) * hidden + i % hidden]);
@@ -48,6 +49,7 @@ template <bool kAddDelta>
 __global__ void __launch_bounds__(kNormThreads)
     rms_norm_kernel(float* x, const float* delta, int dim, const float* weight, float eps,
                     float* out_f32, uint16_t* out_bf16) {
+  follow_prior_grid();
   __shared__ double partial[kNormThreads / 32];
   float* row = x + static_cast<int64_t>(blockIdx.x) * dim;
   const float* row_delta = kAddDelta ? delta + static_cast<int64_t>(blockIdx.x) * dim : nullptr;
@@ -87,14 +89,17 @@ __global__ void __launch_bounds__(kNormThreads)
 }
 
 __global__ void add_bias_kernel(float* y, const float* bias, int rows, int cols) {
+  follow_prior_grid();
   EKVA_FOR_EACH(i, static_cast<int64_t>(rows) * cols) y[i] += bias[i % cols];
 }
 
 __global__ void clamp_kernel(float* x, int64_t count, float limit) {
+  follow_prior_grid();
   EKVA_FOR_EACH(i, count) x[i] = fminf(fmaxf(x[i], -limit), limit);
 }
 
 __global__ void to_bf16_kernel(const float* x, int64_t count, uint16_t* out) {
+  follow_prior_grid();
   EKVA_FOR_EACH(i, count) out[i] = to_bf16_bits(x[i]);
 }
 
@@ -102,6 +107,7 @@ __global__ void to_bf16_kernel(const float* x, int64_t count, uint16_t* out) {
 __global__ void rope_kernel(float* x, int n, int num_heads, int head_dim, const int32_t* positions,
                             const float* inv_freq, float attention_factor, const int32_t* rows,
                             uint16_t* rows_bf16) {
+  follow_prior_grid();
   const int half = head_dim / 2;
   EKVA_FOR_EACH(i, static_cast<int64_t>(n) * num_heads * half) {
     const int pair = static_cast<int>(i % half);
@@ -189,6 +195,7 @@ __device__ void route_token(const float* l, int num_experts, int top_k, bool ren
 
 __global__ void route_kernel(const float* logits, int n, int num_experts, int top_k,
                              bool renormalise, int32_t* experts, float* gates) {
+  follow_prior_grid();
   const int token = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   if (token >= n) return;
   route_token(logits + static_cast<int64_t>(token) * num_experts, num_experts, top_k, renormalise,
@@ -206,6 +213,7 @@ __global__ void __launch_bounds__(kRouterThreads)
     route_experts_kernel(const float* x, const float* w, int hidden, int num_experts, int top_k,
                          bool renormalise, float* logits, int32_t* experts, float* gates,
                          uint32_t* counters) {
+  follow_prior_grid();
   __shared__ float partial[kRouterThreads / 32];
   __shared__ bool last;
   const int e = blockIdx.x, token = blockIdx.y;
@@ -248,6 +256,7 @@ __global__ void __launch_bounds__(kRouterThreads)
 
 __global__ void gather_rows_kernel(const uint16_t* x, const int32_t* rows, int count, int cols,
                                    uint16_t* out) {
+  follow_prior_grid();
   EKVA_FOR_EACH(i, static_cast<int64_t>(count) * cols) {
     out[i] = x[static_cast<int64_t>(rows[i / cols]) * cols + i % cols];
   }
@@ -255,6 +264,7 @@ __global__ void gather_rows_kernel(const uint16_t* x, const int32_t* rows, int c
 
 // As cpu::silu_mul: gate / (1 + exp(-gate)) * up.
 __global__ void silu_mul_kernel(const float* gate_up, int rows, int inter, uint16_t* out) {
+  follow_prior_grid();
   EKVA_FOR_EACH(i, static_cast<int64_t>(rows) * inter) {
     const int64_t r = i / inter;
     const float g = gate_up[r * 2 * inter + i % inter];
@@ -265,6 +275,7 @@ __global__ void silu_mul_kernel(const float* gate_up, int rows, int inter, uint1
 
 __global__ void scatter_add_rows_kernel(const float* y, const int32_t* rows, const float* weights,
                                         int count, int cols, float* out) {
+  follow_prior_grid();
   EKVA_FOR_EACH(i, static_cast<int64_t>(count) * cols) {
     const int64_t r = i / cols;
     const int64_t dst = rows != nullptr ? rows[r] : r;
@@ -274,6 +285,7 @@ __global__ void scatter_add_rows_kernel(const float* y, const int32_t* rows, con
 }
 
 __global__ void sigmoid_kernel(float* x, int count) {
+  follow_prior_grid();
   EKVA_FOR_EACH(i, count) x[i] = 1.0f / (1.0f + expf(-x[i]));
 }
 
@@ -304,6 +316,7 @@ __global__ void fill_constant_kernel(float* x, int64_t count, float value) {
 constexpr int kGreedyThreads = 1024;
 __global__ void __launch_bounds__(kGreedyThreads)
     greedy_kernel(const float* logits, int vocab, int32_t* out) {
+  follow_prior_grid();
   __shared__ float best_value[kGreedyThreads / 32];
   __shared__ int best_id[kGreedyThreads / 32];
   __shared__ int first_bad[kGreedyThreads / 32];
@@ -353,8 +366,8 @@ __global__ void __launch_bounds__(kGreedyThreads)
 
 void embed_rows(const uint16_t* table, const int32_t* tokens, int n, int hidden, float* x,
                 cudaStream_t stream) {
-  embed_rows_kernel<<<grid_for(static_cast<int64_t>(n) * hidden), kThreads, 0, stream>>>(
-      table, tokens, n, hidden, x);
+  launch_overlapping(embed_rows_kernel, dim3(grid_for(static_cast<int64_t>(n) * hidden)),
+                     dim3(kThreads), 0, stream, table, tokens, n, hidden, x);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -362,41 +375,44 @@ void rms_norm(const float* x, int rows, int dim, const float* weight, float eps,
               uint16_t* out_bf16, cudaStream_t stream) {
   if (rows == 0) return;
   // The kernel writes x only when it adds a delta.
-  rms_norm_kernel<false><<<rows, norm_threads(dim), 0, stream>>>(
-      const_cast<float*>(x), nullptr, dim, weight, eps, out_f32, out_bf16);
+  launch_overlapping(rms_norm_kernel<false>, dim3(rows), dim3(norm_threads(dim)), 0, stream,
+                     const_cast<float*>(x), nullptr, dim, weight, eps, out_f32, out_bf16);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 
 void add_rms_norm(float* x, const float* delta, int rows, int dim, const float* weight, float eps,
                   float* out_f32, uint16_t* out_bf16, cudaStream_t stream) {
   if (rows == 0) return;
-  rms_norm_kernel<true>
-      <<<rows, norm_threads(dim), 0, stream>>>(x, delta, dim, weight, eps, out_f32, out_bf16);
+  launch_overlapping(rms_norm_kernel<true>, dim3(rows), dim3(norm_threads(dim)), 0, stream, x,
+                     delta, dim, weight, eps, out_f32, out_bf16);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 
 void add_bias(float* y, const float* bias, int rows, int cols, cudaStream_t stream) {
-  add_bias_kernel<<<grid_for(static_cast<int64_t>(rows) * cols), kThreads, 0, stream>>>(y, bias,
-                                                                                        rows, cols);
+  launch_overlapping(add_bias_kernel, dim3(grid_for(static_cast<int64_t>(rows) * cols)),
+                     dim3(kThreads), 0, stream, y, bias, rows, cols);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 
 void clamp_in_place(float* x, int64_t count, float limit, cudaStream_t stream) {
-  clamp_kernel<<<grid_for(count), kThreads, 0, stream>>>(x, count, limit);
+  launch_overlapping(clamp_kernel, dim3(grid_for(count)), dim3(kThreads), 0, stream, x, count,
+                     limit);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 
 void to_bf16(const float* x, int64_t count, uint16_t* out, cudaStream_t stream) {
-  to_bf16_kernel<<<grid_for(count), kThreads, 0, stream>>>(x, count, out);
+  launch_overlapping(to_bf16_kernel, dim3(grid_for(count)), dim3(kThreads), 0, stream, x, count,
+                     out);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 
 void apply_rope(float* x, int n, int num_heads, int head_dim, const int32_t* positions,
                 const float* inv_freq, float attention_factor, const int32_t* rows,
                 uint16_t* rows_bf16, cudaStream_t stream) {
-  rope_kernel<<<grid_for(static_cast<int64_t>(n) * num_heads * head_dim / 2), kThreads, 0,
-                stream>>>(x, n, num_heads, head_dim, positions, inv_freq, attention_factor, rows,
-                          rows_bf16);
+  launch_overlapping(rope_kernel,
+                     dim3(grid_for(static_cast<int64_t>(n) * num_heads * head_dim / 2)),
+                     dim3(kThreads), 0, stream, x, n, num_heads, head_dim, positions, inv_freq,
+                     attention_factor, rows, rows_bf16);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -415,8 +431,9 @@ void route_experts(const float* x, const float* router, int n, int hidden, int n
          n, kMaxRoutedTokens, hidden, num_experts, 32 * kMaxExpertsPerLane, top_k);
   }
   if (n == 0) return;
-  route_experts_kernel<<<dim3(num_experts, n), kRouterThreads, 0, stream>>>(
-      x, router, hidden, num_experts, top_k, renormalise, logits, experts, gates, counters);
+  launch_overlapping(route_experts_kernel, dim3(num_experts, n), dim3(kRouterThreads), 0, stream, x,
+                     router, hidden, num_experts, top_k, renormalise, logits, experts, gates,
+                     counters);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -426,28 +443,28 @@ void route_tokens(const float* logits, int n, int num_experts, int top_k, bool r
     EKVA_CUDA_CHECK(cudaErrorInvalidValue);
   }
   constexpr int kWarps = kThreads / 32;
-  route_kernel<<<(n + kWarps - 1) / kWarps, kThreads, 0, stream>>>(logits, n, num_experts, top_k,
-                                                                   renormalise, experts, gates);
+  launch_overlapping(route_kernel, dim3((n + kWarps - 1) / kWarps), dim3(kThreads), 0, stream,
+                     logits, n, num_experts, top_k, renormalise, experts, gates);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 
 void gather_rows(const uint16_t* x, const int32_t* rows, int count, int cols, uint16_t* out,
                  cudaStream_t stream) {
-  gather_rows_kernel<<<grid_for(static_cast<int64_t>(count) * cols), kThreads, 0, stream>>>(
-      x, rows, count, cols, out);
+  launch_overlapping(gather_rows_kernel, dim3(grid_for(static_cast<int64_t>(count) * cols)),
+                     dim3(kThreads), 0, stream, x, rows, count, cols, out);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 
 void silu_mul(const float* gate_up, int rows, int inter, uint16_t* out, cudaStream_t stream) {
-  silu_mul_kernel<<<grid_for(static_cast<int64_t>(rows) * inter), kThreads, 0, stream>>>(
-      gate_up, rows, inter, out);
+  launch_overlapping(silu_mul_kernel, dim3(grid_for(static_cast<int64_t>(rows) * inter)),
+                     dim3(kThreads), 0, stream, gate_up, rows, inter, out);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 
 void scatter_add_rows(const float* y, const int32_t* rows, const float* weights, int count,
                       int cols, float* out, cudaStream_t stream) {
-  scatter_add_rows_kernel<<<grid_for(static_cast<int64_t>(count) * cols), kThreads, 0, stream>>>(
-      y, rows, weights, count, cols, out);
+  launch_overlapping(scatter_add_rows_kernel, dim3(grid_for(static_cast<int64_t>(count) * cols)),
+                     dim3(kThreads), 0, stream, y, rows, weights, count, cols, out);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -470,13 +487,14 @@ void fill_constant(float* x, int64_t count, float value, cudaStream_t stream) {
 }
 
 void sigmoid_in_place(float* x, int count, cudaStream_t stream) {
-  sigmoid_kernel<<<grid_for(count), kThreads, 0, stream>>>(x, count);
+  launch_overlapping(sigmoid_kernel, dim3(grid_for(count)), dim3(kThreads), 0, stream, x, count);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 
 void greedy_tokens(const float* logits, int rows, int vocab, int32_t* out, cudaStream_t stream) {
   if (rows == 0) return;
-  greedy_kernel<<<rows, kGreedyThreads, 0, stream>>>(logits, vocab, out);
+  launch_overlapping(greedy_kernel, dim3(rows), dim3(kGreedyThreads), 0, stream, logits, vocab,
+                     out);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -24,6 +24,7 @@ constexpr int kSortThreads = 256;
 __global__ void __launch_bounds__(kSortThreads)
     sort_pairs_kernel(const int32_t* experts, const float* gates, int n, int k, int num_experts,
                       MoePairs p) {
+  follow_prior_grid();
   extern __shared__ int32_t shared[];
   const int pairs = n * k;
   int32_t* expert_of = shared;                  // [pairs]
@@ -93,6 +94,18 @@ __global__ void __launch_bounds__(kSortThreads)
   }
 }
 
+// Where output row r of input row t goes, the product's input rows being pairs [first, first +
+// count) (dense: rows 0 .. count).
+__device__ __forceinline__ float* output_address(const GroupedGemm& g, int first, int count, int t,
+                                                 int r) {
+  if (g.first_block_rows == 0) return g.out + static_cast<int64_t>(first + t) * g.out_rows + r;
+  if (r < g.first_block_rows) return g.out + static_cast<int64_t>(t) * g.first_block_rows + r;
+  const int block = (r - g.first_block_rows) / g.block_rows;
+  const int local = r - g.first_block_rows - block * g.block_rows;
+  return g.out + static_cast<int64_t>(count) * (g.first_block_rows + block * g.block_rows) +
+         static_cast<int64_t>(t) * g.block_rows + local;
+}
+
 constexpr int kWarps = 8;
 constexpr int kRows = 16 * kWarps;  // weight rows per CTA
 constexpr int kCols = 64;           // input columns per pipeline stage
@@ -120,6 +133,7 @@ __device__ __forceinline__ int swizzled(int row, int chunk) {
 template <int Tokens>
 __global__ void __launch_bounds__(kWarps * 32)
     grouped_gemm_kernel(const GroupedGemm g, const MoePairs p, int split_cols) {
+  follow_prior_grid();
   using Shape = GroupedGemmShape<Tokens>;
   constexpr int kStages = Shape::kStages;
   const bool dense = g.dense != nullptr;
@@ -197,23 +211,100 @@ __global__ void __launch_bounds__(kWarps * 32)
       const int r = row + (e / 2) * 8;
       const int t = nt * 8 + (lane % 4) * 2 + e % 2;
       if (r >= g.out_rows || t >= count) continue;
-      float* out;
-      if (g.first_block_rows == 0) {
-        out = g.out + static_cast<int64_t>(first + t) * g.out_rows + r;
-      } else if (r < g.first_block_rows) {
-        out = g.out + static_cast<int64_t>(t) * g.first_block_rows + r;
-      } else {
-        const int block = (r - g.first_block_rows) / g.block_rows;
-        const int local = r - g.first_block_rows - block * g.block_rows;
-        out = g.out + static_cast<int64_t>(count) * (g.first_block_rows + block * g.block_rows) +
-              static_cast<int64_t>(t) * g.block_rows + local;
-      }
+      float* out = output_address(g, first, count, t, r);
       if (split) {
         atomicAdd(out, acc[nt][e]);
       } else {
         *out = acc[nt][e];
       }
     }
+  }
+}
+
+// A product whose groups have one input row each (batch-1 decode) is a GEMV, bound by the weight
+// bytes in flight: each warp streams kGemvRowsPerWarp consecutive weight rows with 16-byte loads
+// straight into registers, kGemvDepth column steps of all of them issued before any is used, and
+// the rows are not cut along their columns, so nothing is zeroed or added atomically.
+constexpr int kGemvWarps = 8;
+constexpr int kGemvRowsPerWarp = 4;
+constexpr int kGemvDepth = 2;
+constexpr int kGemvRows = kGemvWarps * kGemvRowsPerWarp;
+
+struct GemvLaunch {
+  GroupedGemm g;
+  MoePairs p;
+};
+
+__device__ __forceinline__ float dot8(uint4 w, uint4 x, float acc) {
+  const uint32_t wv[4] = {w.x, w.y, w.z, w.w};
+  const uint32_t xv[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 a = unpack_bf16(wv[i]), b = unpack_bf16(xv[i]);
+    acc = fmaf(a.x, b.x, acc);
+    acc = fmaf(a.y, b.y, acc);
+  }
+  return acc;
+}
+
+// grid: (row tiles of kGemvRows, groups); launched overlapping the kernel before it. A dense
+// product's weights do not depend on that kernel, so its first column steps are fetched into L2
+// before waiting for it.
+__global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(const GemvLaunch launch) {
+  const GroupedGemm& g = launch.g;
+  const MoePairs& p = launch.p;
+  const bool dense = g.dense != nullptr;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int row0 = blockIdx.x * kGemvRows + warp * kGemvRowsPerWarp;
+  const int vectors = g.in_cols / 8;
+  // Rows past the end read the last row and are not written.
+  const auto row_of = [&](int r) { return min(row0 + r, g.out_rows - 1); };
+  if (dense && lane < kGemvRowsPerWarp) {
+    const int ahead = min(vectors, 32 * kGemvDepth) * 16;
+    prefetch_l2(g.dense + static_cast<int64_t>(row_of(lane)) * g.in_cols, ahead);
+  }
+  follow_prior_grid();
+  if (!dense && static_cast<int>(blockIdx.y) >= *p.num_touched) return;
+  const int first = dense ? 0 : p.touched_first[blockIdx.y];
+  const uint16_t* w = dense ? g.dense : g.weights[p.touched[blockIdx.y]];
+  const int64_t input_row = dense ? 0 : g.input_is_token ? p.token[first] : first;
+  const uint4* x = reinterpret_cast<const uint4*>(g.input + input_row * g.in_cols);
+  const uint4* rows[kGemvRowsPerWarp];
+#pragma unroll
+  for (int r = 0; r < kGemvRowsPerWarp; ++r) {
+    rows[r] = reinterpret_cast<const uint4*>(w + static_cast<int64_t>(row_of(r)) * g.in_cols);
+  }
+  float acc[kGemvRowsPerWarp] = {};
+  for (int base = lane; base < vectors; base += 32 * kGemvDepth) {
+    uint4 wv[kGemvDepth][kGemvRowsPerWarp], xv[kGemvDepth];
+#pragma unroll
+    for (int d = 0; d < kGemvDepth; ++d) {
+      const int v = base + 32 * d;
+      const bool valid = v < vectors;
+      xv[d] = valid ? __ldg(x + v) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int r = 0; r < kGemvRowsPerWarp; ++r) {
+        wv[d][r] = valid ? __ldcs(rows[r] + v) : make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int d = 0; d < kGemvDepth; ++d) {
+#pragma unroll
+      for (int r = 0; r < kGemvRowsPerWarp; ++r) acc[r] = dot8(wv[d][r], xv[d], acc[r]);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kGemvRowsPerWarp; ++r) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) {
+      acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], offset);
+    }
+  }
+  if (lane < kGemvRowsPerWarp) {
+    float value = acc[0];
+#pragma unroll
+    for (int r = 1; r < kGemvRowsPerWarp; ++r) value = lane == r ? acc[r] : value;
+    if (row0 + lane < g.out_rows) *output_address(g, first, 1, 0, row0 + lane) = value;
   }
 }
 
@@ -229,6 +320,7 @@ int multiprocessors() {
 
 __global__ void combine_kernel(const float* y, const MoePairs p, int n, int k, int hidden,
                                int disabled_expert, float* out) {
+  follow_prior_grid();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
        i < static_cast<int64_t>(n) * hidden; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t t = i / hidden;
@@ -257,7 +349,8 @@ void sort_pairs(const int32_t* experts, const float* gates, int n, int k, int nu
          "sort_pairs: {} tokens (at most {}) of top-{} over {} experts (at most {})", n,
          kMaxGroupedTokens, k, num_experts, kMaxGroupedExperts);
   }
-  sort_pairs_kernel<<<1, kSortThreads, shared, stream>>>(experts, gates, n, k, num_experts, pairs);
+  launch_overlapping(sort_pairs_kernel, dim3(1), dim3(kSortThreads), shared, stream, experts, gates,
+                     n, k, num_experts, pairs);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -270,6 +363,11 @@ void launch_grouped_gemm(const GroupedGemm& g, const MoePairs& pairs, int max_ro
   // The grid is cut along the columns until it is about four waves of two CTAs per
   // multiprocessor (fewer CTAs leave a long last wave), each part at least two column steps; the
   // parts then add into a zeroed output.
+  if (max_rows == 1) {
+    launch_overlapping(gemv_kernel, dim3((g.out_rows + kGemvRows - 1) / kGemvRows, touched),
+                       dim3(kGemvWarps * 32), 0, stream, GemvLaunch{g, pairs});
+    return;
+  }
   const int row_tiles = (g.out_rows + kRows - 1) / kRows;
   const int steps = (g.in_cols + kCols - 1) / kCols;
   const int wanted = (8 * multiprocessors() + row_tiles * touched - 1) / (row_tiles * touched);
@@ -289,7 +387,8 @@ void launch_grouped_gemm(const GroupedGemm& g, const MoePairs& pairs, int max_ro
       return true;
     }();
     (void)opted_in;
-    grouped_gemm_kernel<kTokens><<<grid, kWarps * 32, bytes, stream>>>(g, pairs, split_cols);
+    launch_overlapping(grouped_gemm_kernel<kTokens>, dim3(grid), dim3(kWarps * 32), bytes, stream,
+                       g, pairs, split_cols);
   };
   if (max_rows <= 16) {
     launch(std::integral_constant<int, 16>{});
@@ -373,7 +472,8 @@ void combine_pairs(const float* y, const MoePairs& pairs, int n, int k, int hidd
                    int disabled_expert, float* out, cudaStream_t stream) {
   const int64_t work = static_cast<int64_t>(n) * hidden;
   const int blocks = static_cast<int>(std::min<int64_t>((work + 255) / 256, 65535));
-  combine_kernel<<<blocks, 256, 0, stream>>>(y, pairs, n, k, hidden, disabled_expert, out);
+  launch_overlapping(combine_kernel, dim3(blocks), dim3(256), 0, stream, y, pairs, n, k, hidden,
+                     disabled_expert, out);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -152,8 +152,13 @@ class GroupedGemmTest : public ::testing::Test {
   void SetUp() override { EKVA_SKIP_WITHOUT_GPU(); }
 };
 
-TEST_F(GroupedGemmTest, OneTokenManyColumnsIsSplitAlongColumns) {
+// One token: each expert's product is a GEMV (gemv_kernel), its rows and columns past whole tiles.
+TEST_F(GroupedGemmTest, OneTokenManyColumns) {
   run_case({8, 2, 1, 200, 3000}, 1);
+}
+
+TEST_F(GroupedGemmTest, OneTokenFineGrainedOddSizes) {
+  run_case({128, 8, 1, 97, 520}, 6);
 }
 
 TEST_F(GroupedGemmTest, FullBatchOfTokensSharingExperts) {
