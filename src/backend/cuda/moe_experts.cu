@@ -223,16 +223,18 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 // A product whose groups have one input row each (batch-1 decode) is a GEMV, bound by the weight
 // bytes in flight: each warp streams kGemvRowsPerWarp consecutive weight rows with 16-byte loads
-// straight into registers, kGemvDepth column steps of all of them issued before any is used, and
-// the rows are not cut along their columns, so nothing is zeroed or added atomically.
+// straight into registers, kGemvDepth column steps of all of them issued before any is used. When
+// the rows are too few to keep enough warps reading, `split` warps of a CTA share each row set,
+// each reading every split-th 512-byte stretch of the rows, and add up in shared memory: nothing is
+// zeroed or added atomically.
 constexpr int kGemvWarps = 8;
 constexpr int kGemvRowsPerWarp = 4;
 constexpr int kGemvDepth = 2;
-constexpr int kGemvRows = kGemvWarps * kGemvRowsPerWarp;
 
 struct GemvLaunch {
   GroupedGemm g;
   MoePairs p;
+  int split = 1;  // warps per row set: 1, 2, 4 or 8
 };
 
 __device__ __forceinline__ float dot8(uint4 w, uint4 x, float acc) {
@@ -247,20 +249,24 @@ __device__ __forceinline__ float dot8(uint4 w, uint4 x, float acc) {
   return acc;
 }
 
-// grid: (row tiles of kGemvRows, groups); launched overlapping the kernel before it. A dense
-// product's weights do not depend on that kernel, so its first column steps are fetched into L2
-// before waiting for it.
+// grid: (row tiles of kGemvWarps / split * kGemvRowsPerWarp rows, groups); launched overlapping
+// the kernel before it. A dense product's weights do not depend on that kernel, so its first
+// column steps are fetched into L2 before waiting for it.
 __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(const GemvLaunch launch) {
   const GroupedGemm& g = launch.g;
   const MoePairs& p = launch.p;
+  const int split = launch.split;
   const bool dense = g.dense != nullptr;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int row0 = blockIdx.x * kGemvRows + warp * kGemvRowsPerWarp;
+  const int part = warp % split;
+  const int row0 =
+      blockIdx.x * (kGemvWarps / split * kGemvRowsPerWarp) + warp / split * kGemvRowsPerWarp;
   const int vectors = g.in_cols / 8;
+  const int stride = 32 * split;  // vectors between a lane's consecutive loads of a row
   // Rows past the end read the last row and are not written.
   const auto row_of = [&](int r) { return min(row0 + r, g.out_rows - 1); };
-  if (dense && lane < kGemvRowsPerWarp) {
-    const int ahead = min(vectors, 32 * kGemvDepth) * 16;
+  if (dense && part == 0 && lane < kGemvRowsPerWarp) {
+    const int ahead = min(vectors, stride * kGemvDepth) * 16;
     prefetch_l2(g.dense + static_cast<int64_t>(row_of(lane)) * g.in_cols, ahead);
   }
   follow_prior_grid();
@@ -275,11 +281,11 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(const GemvLaunch 
     rows[r] = reinterpret_cast<const uint4*>(w + static_cast<int64_t>(row_of(r)) * g.in_cols);
   }
   float acc[kGemvRowsPerWarp] = {};
-  for (int base = lane; base < vectors; base += 32 * kGemvDepth) {
+  for (int base = part * 32 + lane; base < vectors; base += stride * kGemvDepth) {
     uint4 wv[kGemvDepth][kGemvRowsPerWarp], xv[kGemvDepth];
 #pragma unroll
     for (int d = 0; d < kGemvDepth; ++d) {
-      const int v = base + 32 * d;
+      const int v = base + stride * d;
       const bool valid = v < vectors;
       xv[d] = valid ? __ldg(x + v) : make_uint4(0, 0, 0, 0);
 #pragma unroll
@@ -300,11 +306,16 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(const GemvLaunch 
       acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], offset);
     }
   }
-  if (lane < kGemvRowsPerWarp) {
-    float value = acc[0];
+  __shared__ float partial[kGemvWarps][kGemvRowsPerWarp];
+  if (lane == 0) {
 #pragma unroll
-    for (int r = 1; r < kGemvRowsPerWarp; ++r) value = lane == r ? acc[r] : value;
-    if (row0 + lane < g.out_rows) *output_address(g, first, 1, 0, row0 + lane) = value;
+    for (int r = 0; r < kGemvRowsPerWarp; ++r) partial[warp][r] = acc[r];
+  }
+  __syncthreads();
+  if (part == 0 && lane < kGemvRowsPerWarp && row0 + lane < g.out_rows) {
+    float value = 0.0f;
+    for (int q = 0; q < split; ++q) value += partial[warp + q][lane];
+    *output_address(g, first, 1, 0, row0 + lane) = value;
   }
 }
 
@@ -364,8 +375,18 @@ void launch_grouped_gemm(const GroupedGemm& g, const MoePairs& pairs, int max_ro
   // multiprocessor (fewer CTAs leave a long last wave), each part at least two column steps; the
   // parts then add into a zeroed output.
   if (max_rows == 1) {
-    launch_overlapping(gemv_kernel, dim3((g.out_rows + kGemvRows - 1) / kGemvRows, touched),
-                       dim3(kGemvWarps * 32), 0, stream, GemvLaunch{g, pairs});
+    // Warps share row sets until about 48 warps per multiprocessor read, each lane keeping at
+    // least two 16-byte loads per row.
+    const int64_t warps =
+        static_cast<int64_t>(touched) * ((g.out_rows + kGemvRowsPerWarp - 1) / kGemvRowsPerWarp);
+    int split = 1;
+    while (split < kGemvWarps && warps * split < 48 * multiprocessors() &&
+           g.in_cols / 8 >= 64 * 2 * split) {
+      split *= 2;
+    }
+    const int rows_per_cta = kGemvWarps / split * kGemvRowsPerWarp;
+    launch_overlapping(gemv_kernel, dim3((g.out_rows + rows_per_cta - 1) / rows_per_cta, touched),
+                       dim3(kGemvWarps * 32), 0, stream, GemvLaunch{g, pairs, split});
     return;
   }
   const int row_tiles = (g.out_rows + kRows - 1) / kRows;

@@ -152,9 +152,12 @@ class GroupedGemmTest : public ::testing::Test {
   void SetUp() override { EKVA_SKIP_WITHOUT_GPU(); }
 };
 
-// One token: each expert's product is a GEMV (gemv_kernel), its rows and columns past whole tiles.
+// One token: each expert's product is a GEMV (gemv_kernel), its rows and columns past whole tiles,
+// with 4, 2 and 8 warps sharing each row set.
 TEST_F(GroupedGemmTest, OneTokenManyColumns) {
   run_case({8, 2, 1, 200, 3000}, 1);
+  run_case({8, 2, 1, 33, 1600}, 7);
+  run_case({4, 1, 1, 70, 4104}, 8);
 }
 
 TEST_F(GroupedGemmTest, OneTokenFineGrainedOddSizes) {
