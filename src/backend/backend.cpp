@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <numeric>
 
 #include "core/error.h"
@@ -68,18 +69,28 @@ StepPlan plan_step(const ModelSpec& spec, const ForwardBatch& batch, KvLayout& l
   return p;
 }
 
-std::vector<int32_t> Backend::run_greedy(const StepPlan& plan, KvLayout& layout) {
-  const std::vector<float> logits = run(plan, layout, nullptr);
+std::vector<int32_t> Backend::run_tokens(const StepPlan& plan, KvLayout& layout,
+                                         std::span<const TokenDraw> draws) {
   const size_t rows = plan.logit_rows.size();
+  if (draws.size() != rows) {
+    fail(ErrorKind::kInvalidArgument, "run_tokens: {} logit rows but {} draws", rows, draws.size());
+  }
+  const std::vector<float> logits = run(plan, layout, nullptr);
   std::vector<int32_t> tokens(rows);
   if (rows == 0) return tokens;
   const size_t vocab = logits.size() / rows;
+  // Rows draw in parallel (a server's batch); an exception must not leave the parallel region.
+  std::exception_ptr failure;
+#pragma omp parallel for schedule(static)
   for (size_t r = 0; r < rows; ++r) {
-    const float* row = logits.data() + r * vocab;
-    const float* bad = std::find_if(row, row + vocab, [](float x) { return !std::isfinite(x); });
-    tokens[r] = bad != row + vocab ? static_cast<int32_t>(-1 - (bad - row))
-                                   : static_cast<int32_t>(std::max_element(row, row + vocab) - row);
+    try {
+      tokens[r] = draw_token(logits.data() + r * vocab, static_cast<int>(vocab), draws[r]);
+    } catch (...) {
+#pragma omp critical(ekva_draw_failure)
+      failure = std::current_exception();
+    }
   }
+  if (failure) std::rethrow_exception(failure);
   return tokens;
 }
 

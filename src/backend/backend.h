@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "arch/model_spec.h"
+#include "backend/token_draw.h"
 #include "kv/eviction_plan.h"
 #include "kv/kv_layout.h"
 #include "kv/kv_pages.h"
@@ -114,11 +115,11 @@ class Backend {
   // plan's logit rows.
   virtual std::vector<float> run(const StepPlan& plan, KvLayout& layout,
                                  ForwardObserver* observer) = 0;
-  // run() for greedy decoding: each logit row's token, the lowest id among its largest logits, or
-  // -1 - e for a row whose entry e is its first that is not finite. A backend that can pick the
-  // tokens where the logits are brings only them to the host (a step of 64 sequences of a 152k
-  // vocabulary has 39 MB of logits).
-  virtual std::vector<int32_t> run_greedy(const StepPlan& plan, KvLayout& layout);
+  // run(), then each logit row's token under its draw (draw_token: -1 - e for a row whose entry e
+  // is its first that is not finite). A backend that can draw where the logits are brings only
+  // the tokens to the host (a step of 64 sequences of a 152k vocabulary has 39 MB of logits).
+  virtual std::vector<int32_t> run_tokens(const StepPlan& plan, KvLayout& layout,
+                                          std::span<const TokenDraw> draws);
   // Brings the retention scores of `seq`'s retained slots into the layout's metadata, for
   // selections made on the host (compression, group quotas). A backend that keeps the scores with
   // its pages adds to them every step and copies them only when asked: copying a whole pool's

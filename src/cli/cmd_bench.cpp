@@ -89,7 +89,9 @@ double decode_step(const ModelSpec& spec, Cache& cache) {
     batch.add(token_at(spec, s, position), s, position);
   }
   const auto start = Clock::now();
-  cache.backend->run_greedy(plan_step(spec, batch, cache.layout), cache.layout);
+  const StepPlan plan = plan_step(spec, batch, cache.layout);
+  const std::vector<TokenDraw> greedy(plan.logit_rows.size());
+  cache.backend->run_tokens(plan, cache.layout, greedy);
   return seconds_since(start);
 }
 

@@ -213,12 +213,17 @@ std::vector<float> Engine::decode(std::span<const int> seqs, std::span<const int
   return logits;
 }
 
-std::vector<int32_t> Engine::decode_greedy(std::span<const int> seqs,
-                                           std::span<const int32_t> tokens) {
+std::vector<int32_t> Engine::decode_tokens(std::span<const int> seqs,
+                                           std::span<const int32_t> tokens,
+                                           std::span<const TokenDraw> draws) {
+  if (draws.size() != seqs.size()) {
+    fail(ErrorKind::kInvalidArgument, "decode: {} sequences but {} draws", seqs.size(),
+         draws.size());
+  }
   std::vector<int32_t> next;
   decode_step(seqs, tokens, [&](const ForwardBatch& batch) {
     const StepPlan plan = plan_step(model_->spec(), batch, layout_);
-    next = backend_->run_greedy(plan, layout_);
+    next = backend_->run_tokens(plan, layout_, draws);
     for (size_t row = 0; row < next.size(); ++row) {
       if (next[row] < 0) fail_not_finite(plan, row, -1 - static_cast<int64_t>(next[row]));
     }

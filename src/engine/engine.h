@@ -65,9 +65,9 @@ class Engine {
   // One token for each of `seqs` (distinct) in one step, then each sequence evicted back to its
   // budget by its own policy. Logits [seqs.size(), vocab].
   std::vector<float> decode(std::span<const int> seqs, std::span<const int32_t> tokens);
-  // The same for greedy decoding: each sequence's next token (the lowest id among its largest
-  // logits), picked where the backend keeps the logits.
-  std::vector<int32_t> decode_greedy(std::span<const int> seqs, std::span<const int32_t> tokens);
+  // The same, each sequence's next token drawn (draw_token) where the backend keeps the logits.
+  std::vector<int32_t> decode_tokens(std::span<const int> seqs, std::span<const int32_t> tokens,
+                                     std::span<const TokenDraw> draws);
   // Wall time of the last decode step's two phases, so that a server can say where its steps go:
   // the forward pass (plan and run, up to the logits on the host) and the policies' evictions
   // (selection on the host, compaction on the backend).
@@ -90,7 +90,7 @@ class Engine {
   std::vector<float> prefill_batch(int seq, std::span<const int32_t> tokens, bool all_logits,
                                    ForwardObserver* observer, std::vector<uint8_t> score_query);
   void check_sequence(const char* what, int seq) const;
-  // decode() and decode_greedy(): the step, run by `forward` on the batch, then the evictions.
+  // decode() and decode_tokens(): the step, run by `forward` on the batch, then the evictions.
   void decode_step(std::span<const int> seqs, std::span<const int32_t> tokens,
                    const std::function<void(const ForwardBatch&)>& forward);
   // Fails naming the first entry of `row` of the step that is not finite.

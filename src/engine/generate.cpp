@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <numeric>
 
 #include "core/error.h"
 
@@ -21,50 +20,18 @@ Sampler::Sampler(const SamplingOptions& options) : options_(options), rng_(optio
     fail(ErrorKind::kInvalidArgument, "top-k must be >= 0, got {}", options.top_k);
 }
 
+TokenDraw Sampler::next_draw() {
+  TokenDraw draw{options_.temperature, options_.top_k, options_.top_p, 0.0};
+  if (options_.temperature > 0.0f) draw.u = std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
+  return draw;
+}
+
 int32_t Sampler::sample(const float* logits, int vocab) {
-  if (options_.temperature <= 0.0f) {
-    return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
+  const int32_t token = draw_token(logits, vocab, next_draw());
+  if (token < 0) {
+    fail(ErrorKind::kInvalidArgument, "sample: logit {} of {} is not finite", -1 - token, vocab);
   }
-  // Candidates best first: higher logit, then lower id. Only as many as top-k and top-p keep are
-  // put in order, since a full sort of the vocabulary costs milliseconds per token and a server
-  // samples a token for every sequence of every step.
-  const auto better = [logits](int32_t a, int32_t b) {
-    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-  };
-  std::vector<int32_t> ids(vocab);
-  std::iota(ids.begin(), ids.end(), 0);
-  size_t keep = options_.top_k > 0 ? std::min<size_t>(options_.top_k, vocab) : vocab;
-  if (keep < ids.size()) std::nth_element(ids.begin(), ids.begin() + keep, ids.end(), better);
-  const double mx = *std::max_element(logits, logits + vocab);
-  const auto weight = [&](int32_t id) {
-    return std::exp((logits[id] - mx) / options_.temperature);
-  };
-  if (options_.top_p < 1.0f) {
-    double sum = 0.0;
-    for (size_t i = 0; i < keep; ++i) sum += weight(ids[i]);
-    // Orders the candidates a stretch at a time (each twice the last) until the top-p mass is
-    // reached.
-    double cum = 0.0;
-    size_t ordered = 0;
-    bool reached = false;
-    for (size_t stretch = 64; ordered < keep && !reached; stretch *= 2) {
-      const size_t end = std::min(keep, ordered + stretch);
-      if (end < keep)
-        std::nth_element(ids.begin() + ordered, ids.begin() + end, ids.begin() + keep, better);
-      std::sort(ids.begin() + ordered, ids.begin() + end, better);
-      while (ordered < end && !reached) {
-        cum += weight(ids[ordered++]) / sum;
-        reached = cum >= options_.top_p;
-      }
-    }
-    keep = ordered;
-  } else if (keep < ids.size()) {
-    std::sort(ids.begin(), ids.begin() + keep, better);
-  }
-  std::vector<double> p(keep);
-  for (size_t i = 0; i < keep; ++i) p[i] = weight(ids[i]);
-  std::discrete_distribution<size_t> dist(p.begin(), p.end());
-  return ids[dist(rng_)];
+  return token;
 }
 
 GenerateResult generate(Engine& engine, const std::vector<int32_t>& prompt,
@@ -94,8 +61,7 @@ GenerateResult generate(Engine& engine, const std::vector<int32_t>& prompt,
   // Stop at the context end rather than fail: the prompt fitted, so what was generated is valid.
   const int budget = static_cast<int>(std::min<int64_t>(
       options.max_new_tokens, s.max_position - static_cast<int64_t>(prompt.size()) + 1));
-  // Greedy decoding takes each next token from the engine, which picks it where the logits are.
-  const bool greedy = options.sampling.temperature <= 0.0f;
+  // Each next token is drawn by the engine where the logits are.
   int32_t next = sampler.sample(logits.data(), s.vocab_size);
   for (int i = 0; i < budget; ++i) {
     r.tokens.push_back(next);
@@ -106,13 +72,9 @@ GenerateResult generate(Engine& engine, const std::vector<int32_t>& prompt,
     }
     if (i + 1 == budget) break;
     const int seq = 0;
-    if (greedy) {
-      next = engine.decode_greedy(std::span<const int>(&seq, 1),
-                                  std::span<const int32_t>(&next, 1))[0];
-    } else {
-      logits = engine.decode(seq, next);
-      next = sampler.sample(logits.data(), s.vocab_size);
-    }
+    const TokenDraw draw = sampler.next_draw();
+    next = engine.decode_tokens(std::span<const int>(&seq, 1), std::span<const int32_t>(&next, 1),
+                                std::span<const TokenDraw>(&draw, 1))[0];
     ++r.decode_steps;
   }
   r.decode_seconds = std::chrono::duration<double>(Clock::now() - t0).count();

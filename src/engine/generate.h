@@ -4,6 +4,7 @@
 #include <random>
 #include <vector>
 
+#include "backend/token_draw.h"
 #include "engine/engine.h"
 
 namespace ekva {
@@ -15,9 +16,13 @@ struct SamplingOptions {
   uint64_t seed = 0;
 };
 
+// A sequence's draws: its options and the next uniform number of its seeded generator each time.
 class Sampler {
  public:
   explicit Sampler(const SamplingOptions& options);
+  // The next token's draw (draw_token's terms), for a backend that draws where the logits are.
+  TokenDraw next_draw();
+  // draw_token over logits on the host, with the next draw.
   int32_t sample(const float* logits, int vocab);
 
  private:

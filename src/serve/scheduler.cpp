@@ -219,41 +219,15 @@ bool Scheduler::decode_running() {
   }
   counters_.last_decode_batch = static_cast<int>(batch.size());
   if (batch.empty()) return false;
-  const int vocab = spec().vocab_size;
-  // A batch of greedy requests takes its tokens from the engine (no logits to the host).
-  const bool greedy = std::all_of(batch.begin(), batch.end(), [](const Active* a) {
-    return a->request.sampling.temperature <= 0.0f;
-  });
+  // Each request draws with its own generator, where the engine keeps the logits.
+  std::vector<TokenDraw> draws;
+  for (Active* a : batch) draws.push_back(a->sampler.next_draw());
   try {
     const auto start = std::chrono::steady_clock::now();
-    std::vector<int32_t> sampled;
-    std::vector<float> logits;
-    if (greedy) {
-      sampled = engine_.decode_greedy(seqs, tokens);
-    } else {
-      logits = engine_.decode(seqs, tokens);
-    }
+    const std::vector<int32_t> sampled = engine_.decode_tokens(seqs, tokens, draws);
     count_decode(static_cast<int>(batch.size()),
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
                  engine_.last_decode_times());
-    if (!greedy) {
-      // Each request samples with its own generator, so the batch samples in parallel; the
-      // tokens then go out in order.
-      sampled.resize(batch.size());
-      const int rows = static_cast<int>(batch.size());
-      std::exception_ptr failure;  // an exception must not leave the parallel region
-#pragma omp parallel for schedule(static)
-      for (int i = 0; i < rows; ++i) {
-        try {
-          sampled[i] =
-              batch[i]->sampler.sample(logits.data() + static_cast<size_t>(i) * vocab, vocab);
-        } catch (...) {
-#pragma omp critical(ekva_sampling_failure)
-          failure = std::current_exception();
-        }
-      }
-      if (failure) std::rethrow_exception(failure);
-    }
     for (size_t i = 0; i < batch.size(); ++i) {
       batch[i]->to_decode.reset();
       emit(*batch[i], sampled[i]);

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "core/error.h"
 #include "support/pages_off_host.h"
@@ -209,8 +210,10 @@ TEST(Engine, NonFiniteLogitsAreAnErrorNotTokens) {
   const int seq = 0;
   const int32_t token = 5;
   try {
-    greedy.decode_greedy(std::span<const int>(&seq, 1), std::span<const int32_t>(&token, 1));
-    ADD_FAILURE() << "NaN logits accepted by decode_greedy";
+    const TokenDraw draw;
+    greedy.decode_tokens(std::span<const int>(&seq, 1), std::span<const int32_t>(&token, 1),
+                         std::span<const TokenDraw>(&draw, 1));
+    ADD_FAILURE() << "NaN logits accepted by decode_tokens";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("not finite"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("vocabulary entry 0"), std::string::npos) << e.what();
@@ -218,24 +221,26 @@ TEST(Engine, NonFiniteLogitsAreAnErrorNotTokens) {
   fs::remove_all(dir);
 }
 
-// Greedy decoding of two sequences in one step picks, per sequence, the lowest id among the
-// largest logits that decode() returns for the same step.
-TEST(Engine, DecodeGreedyIsTheArgmaxOfDecode) {
+// Tokens drawn for two sequences in one step, one greedy and one sampled, are what draw_token
+// picks from the logits decode() returns for the same step.
+TEST(Engine, DecodeTokensDrawFromTheLogitsOfDecode) {
   const auto model = Model::load(kMixtral);
   EngineOptions options;
   options.num_sequences = 2;
   Engine with_logits(*model, options);
-  Engine greedy(*model, options);
+  Engine drawn(*model, options);
   const std::vector<int> seqs = {0, 1};
   std::vector<int32_t> tokens = {5, 9};
   const int vocab = model->spec().vocab_size;
+  std::mt19937_64 rng(7);
   for (int step = 0; step < 8; ++step) {
+    const std::vector<TokenDraw> draws = {
+        TokenDraw{}, TokenDraw{0.9f, 20, 0.95f, std::uniform_real_distribution<double>()(rng)}};
     const std::vector<float> logits = with_logits.decode(seqs, tokens);
-    const std::vector<int32_t> got = greedy.decode_greedy(seqs, tokens);
+    const std::vector<int32_t> got = drawn.decode_tokens(seqs, tokens, draws);
     ASSERT_EQ(got.size(), seqs.size());
     for (size_t i = 0; i < seqs.size(); ++i) {
-      const float* row = logits.data() + i * vocab;
-      const auto want = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
+      const int32_t want = draw_token(logits.data() + i * vocab, vocab, draws[i]);
       EXPECT_EQ(got[i], want) << "step " << step << ", sequence " << seqs[i];
       tokens[i] = want;
     }

@@ -663,23 +663,27 @@ void CudaBackend::host_routed_experts(int layer, int moe_index, const StepPlan& 
 
 std::vector<float> CudaBackend::run(const StepPlan& plan, KvLayout& layout,
                                     ForwardObserver* observer) {
-  run_step(plan, layout, observer, false);
+  run_step(plan, layout, observer, std::nullopt);
   const size_t count = plan.logit_rows.size() * static_cast<size_t>(weights_->spec().vocab_size);
   return plan.batch.size() == 0
              ? std::vector<float>{}
              : std::vector<float>(logits_host_.data(), logits_host_.data() + count);
 }
 
-std::vector<int32_t> CudaBackend::run_greedy(const StepPlan& plan, KvLayout& layout) {
-  run_step(plan, layout, nullptr, true);
+std::vector<int32_t> CudaBackend::run_tokens(const StepPlan& plan, KvLayout& layout,
+                                             std::span<const TokenDraw> draws) {
   const size_t rows = plan.logit_rows.size();
+  if (draws.size() != rows) {
+    fail(ErrorKind::kInvalidArgument, "run_tokens: {} logit rows but {} draws", rows, draws.size());
+  }
+  run_step(plan, layout, nullptr, draws);
   return plan.batch.size() == 0
              ? std::vector<int32_t>{}
-             : std::vector<int32_t>(greedy_host_.data(), greedy_host_.data() + rows);
+             : std::vector<int32_t>(tokens_host_.data(), tokens_host_.data() + rows);
 }
 
 void CudaBackend::run_step(const StepPlan& plan, KvLayout& layout, ForwardObserver* observer,
-                           bool greedy) {
+                           std::optional<std::span<const TokenDraw>> draws) {
   const ForwardBatch& batch = plan.batch;
   const DeviceModel& w = *weights_;
   const ModelSpec& s = w.spec();
@@ -748,10 +752,19 @@ void CudaBackend::run_step(const StepPlan& plan, KvLayout& layout, ForwardObserv
     forward(plan, layout, observer, decode_kernel, scoring);
   }
 
-  if (greedy) {
-    int32_t* tokens = scratch(greedy_, rows);
+  if (draws) {
+    int32_t* tokens = scratch(drawn_, rows);
     greedy_tokens(logits_.data(), rows, s.vocab_size, tokens, stream_);
-    EKVA_CUDA_CHECK(cudaMemcpyAsync(staging(greedy_host_, rows), tokens, rows * sizeof(int32_t),
+    if (std::any_of(draws->begin(), draws->end(),
+                    [](const TokenDraw& d) { return d.temperature > 0.0f; })) {
+      TokenDraw* device_draws = scratch(draws_, rows);
+      EKVA_CUDA_CHECK(cudaMemcpyAsync(device_draws, draws->data(), rows * sizeof(TokenDraw),
+                                      cudaMemcpyHostToDevice, stream_));
+      const size_t bytes = sample_tokens_workspace(rows, s.vocab_size);
+      sample_tokens(logits_.data(), rows, s.vocab_size, device_draws,
+                    scratch(sample_workspace_, bytes), bytes, tokens, stream_);
+    }
+    EKVA_CUDA_CHECK(cudaMemcpyAsync(staging(tokens_host_, rows), tokens, rows * sizeof(int32_t),
                                     cudaMemcpyDeviceToHost, stream_));
   } else {
     const size_t logit_count = static_cast<size_t>(rows) * s.vocab_size;

@@ -41,8 +41,9 @@ class CudaBackend : public Backend {
   std::unique_ptr<Backend> clone() const override;
   std::vector<float> run(const StepPlan& plan, KvLayout& layout,
                          ForwardObserver* observer) override;
-  // The greedy tokens are picked on the device; only they come to the host.
-  std::vector<int32_t> run_greedy(const StepPlan& plan, KvLayout& layout) override;
+  // The tokens are drawn on the device; only they come to the host.
+  std::vector<int32_t> run_tokens(const StepPlan& plan, KvLayout& layout,
+                                  std::span<const TokenDraw> draws) override;
   void apply(const EvictionPlan& plan, KvLayout& layout) override;
   // Every plan selected (on the device where it can be, see above), then one compaction per layer
   // for all of them.
@@ -62,8 +63,9 @@ class CudaBackend : public Backend {
   // The same for page-locked host staging.
   template <typename T>
   T* staging(PinnedBuffer<T>& buffer, size_t count);
-  // A step, its logits (or greedy tokens) left in logits_host_ (greedy_host_).
-  void run_step(const StepPlan& plan, KvLayout& layout, ForwardObserver* observer, bool greedy);
+  // A step, its logits left in logits_host_, or with draws its tokens in tokens_host_.
+  void run_step(const StepPlan& plan, KvLayout& layout, ForwardObserver* observer,
+                std::optional<std::span<const TokenDraw>> draws);
   // Uploads the step's integer inputs (tokens_ and what follows).
   void upload_step(const std::vector<int32_t>& step_ints);
   // Uploads every layer's block tables unless the device has them; sets views_.
@@ -136,8 +138,10 @@ class CudaBackend : public Backend {
   DeviceBuffer<int32_t> eviction_ints_;  // a decode selection's parameters and results
   PinnedBuffer<int32_t> eviction_host_;  // and their host side
   PinnedBuffer<float> logits_host_;
-  DeviceBuffer<int32_t> greedy_;
-  PinnedBuffer<int32_t> greedy_host_;
+  DeviceBuffer<int32_t> drawn_;
+  PinnedBuffer<int32_t> tokens_host_;
+  DeviceBuffer<TokenDraw> draws_;
+  DeviceBuffer<uint8_t> sample_workspace_;
   DeviceBuffer<int32_t> score_rows_;  // the pool rows sync_scores and apply_all copy scores of
   DeviceBuffer<float> row_scores_;
   const int32_t* tokens_ = nullptr;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/cuda/paged_kv.h"
+#include "backend/token_draw.h"
 
 namespace ekva::cuda {
 
@@ -172,6 +173,14 @@ void combine_pairs(const float* y, const MoePairs& pairs, int n, int top_k, int 
 // out[r] = the lowest id among the largest entries of logits row r ([rows, vocab]), or -1 - e when
 // entry e is the row's first that is not finite (Backend::run_greedy).
 void greedy_tokens(const float* logits, int rows, int vocab, int32_t* out, cudaStream_t stream);
+
+// Workspace bytes of sample_tokens for rows of vocab logits.
+size_t sample_tokens_workspace(int rows, int vocab);
+// tokens[r] = draw_token(logits row r, draws[r]) for each row whose draw has a temperature above 0
+// and whose greedy token (tokens[r], from greedy_tokens) is not an error; the other rows keep
+// theirs. draws: a device array of rows.
+void sample_tokens(const float* logits, int rows, int vocab, const TokenDraw* draws,
+                   void* workspace, size_t workspace_bytes, int32_t* tokens, cudaStream_t stream);
 
 // x[i] = 1 / (1 + exp(-x[i])).
 void sigmoid_in_place(float* x, int count, cudaStream_t stream);

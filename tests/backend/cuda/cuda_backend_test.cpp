@@ -160,22 +160,26 @@ TEST_F(CudaEngineTest, GreedyTokensEqualTheCpuEngine) {
   EXPECT_GE(dynamic_cast<CudaBackend&>(gpu_engine.backend()).graph_steps(), 22);
 }
 
-// Greedy decode steps of several sequences, the tokens picked on the device, equal the argmax of
-// the logits decode() brings to the host for the same steps.
-TEST_F(CudaEngineTest, GreedyStepsPickTheArgmaxOfTheLogits) {
+// Decode steps of several sequences whose tokens are drawn on the device (greedy, temperature
+// alone, and temperature with top-k and top-p) pick what draw_token picks from the logits decode()
+// brings to the host for the same steps.
+TEST_F(CudaEngineTest, DrawnStepsAreDrawTokenOfTheLogits) {
   constexpr int kSequences = 3;
   Engine with_logits(*model_, gpu_options(kSequences));
-  Engine greedy(*model_, gpu_options(kSequences));
+  Engine drawn(*model_, gpu_options(kSequences));
   const std::vector<int> seqs = {0, 1, 2};
   std::vector<int32_t> tokens = prompt(kSequences, 5);
   const int vocab = model_->spec().vocab_size;
+  std::mt19937_64 rng(11);
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
   for (int step = 0; step < 12; ++step) {
+    const std::vector<TokenDraw> draws = {TokenDraw{}, TokenDraw{1.0f, 0, 1.0f, uniform(rng)},
+                                          TokenDraw{0.7f, 40, 0.9f, uniform(rng)}};
     const std::vector<float> logits = with_logits.decode(seqs, tokens);
-    const std::vector<int32_t> got = greedy.decode_greedy(seqs, tokens);
+    const std::vector<int32_t> got = drawn.decode_tokens(seqs, tokens, draws);
     ASSERT_EQ(got.size(), seqs.size());
     for (int i = 0; i < kSequences; ++i) {
-      const float* row = logits.data() + static_cast<size_t>(i) * vocab;
-      tokens[i] = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
+      tokens[i] = draw_token(logits.data() + static_cast<size_t>(i) * vocab, vocab, draws[i]);
       EXPECT_EQ(got[i], tokens[i]) << "step " << step << ", sequence " << i;
     }
   }

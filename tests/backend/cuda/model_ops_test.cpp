@@ -61,6 +61,60 @@ TEST(GreedyTokens, LowestIdOfTheLargestAndTheFirstNonFiniteEntry) {
   EXPECT_EQ(out.download(), want);
 }
 
+// Tokens drawn on the device are draw_token's on every row: temperatures, top-k and top-p cuts of
+// every reach (none, one candidate, past the vocabulary), rows of few distinct values (ties, -0 and
+// +0 among them) and a row that is not finite (its greedy error stays), at an odd vocabulary and
+// at Qwen3's.
+TEST(SampleTokens, EveryRowIsDrawTokens) {
+  EKVA_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(31);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  const float temperatures[] = {0.0f, 0.3f, 1.0f, 2.5f};
+  const int top_ks[] = {0, 1, 7, 100, 1 << 20};
+  const float top_ps[] = {1.0f, 0.95f, 0.5f, 1e-6f};
+  for (const int vocab : {5003, 151936}) {
+    const int rows = vocab == 5003 ? 80 : 6;
+    SCOPED_TRACE(::testing::Message() << rows << " rows of " << vocab);
+    std::vector<float> logits(static_cast<size_t>(rows) * vocab);
+    for (int r = 0; r < rows; ++r) {
+      float* x = logits.data() + static_cast<size_t>(r) * vocab;
+      for (int i = 0; i < vocab; ++i) {
+        x[i] = r % 3 == 1 ? std::round(normal(rng) / 2.0f) * 0.5f : normal(rng);
+        if (r % 3 == 1 && x[i] == 0.0f && i % 2 == 1) x[i] = -0.0f;
+      }
+    }
+    logits[static_cast<size_t>(rows - 1) * vocab + 17] = std::nanf("");
+    std::vector<TokenDraw> draws(rows);
+    for (int r = 0; r < rows; ++r) {
+      draws[r] =
+          TokenDraw{temperatures[r % 4], top_ks[(r / 4) % 5], top_ps[(r / 20) % 4], uniform(rng)};
+    }
+    draws[rows - 1].temperature = 1.0f;
+    std::vector<int32_t> want(rows);
+    for (int r = 0; r < rows; ++r) {
+      want[r] = draw_token(logits.data() + static_cast<size_t>(r) * vocab, vocab, draws[r]);
+    }
+    EXPECT_EQ(want[rows - 1], -1 - 17);
+    DeviceBuffer<float> logits_d{std::span<const float>(logits)};
+    DeviceBuffer<TokenDraw> draws_d{std::span<const TokenDraw>(draws)};
+    const size_t bytes = sample_tokens_workspace(rows, vocab);
+    DeviceBuffer<uint8_t> workspace(bytes);
+    DeviceBuffer<int32_t> out(rows);
+    greedy_tokens(logits_d.data(), rows, vocab, out.data(), nullptr);
+    sample_tokens(logits_d.data(), rows, vocab, draws_d.data(), workspace.data(), bytes, out.data(),
+                  nullptr);
+    EKVA_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<int32_t> got = out.download();
+    for (int r = 0; r < rows; ++r) {
+      EXPECT_EQ(got[r], want[r]) << "row " << r << ": temperature " << draws[r].temperature
+                                 << ", top-k " << draws[r].top_k << ", top-p " << draws[r].top_p
+                                 << ", u " << draws[r].u;
+    }
+  }
+  EXPECT_THROW(sample_tokens(nullptr, 1, 10, nullptr, nullptr, 0, nullptr, nullptr), Error);
+}
+
 // The decode step's fused router: float32 logits against double products, and the softmax's top-k
 // (ties to the lower id) with gates, over two calls on the same counters (the first leaves them at
 // zero for the second).
