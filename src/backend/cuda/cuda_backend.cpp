@@ -300,12 +300,12 @@ void CudaBackend::attention_block(int layer, const StepPlan& plan, bool decode_k
   if (D.k_bias.size() > 0) add_bias(k, D.k_bias.data(), n, s.kv_dim(), stream_);
   if (D.v_bias.size() > 0) add_bias(v, D.v_bias.data(), n, s.kv_dim(), stream_);
   const float eps = static_cast<float>(s.rms_eps);
+  // k follows q in qkv_, so both norms run in one launch.
   if (s.qk_norm == QkNorm::kPerHead) {
-    rms_norm(q, n * s.num_heads, d, D.q_norm.data(), eps, q, nullptr, stream_);
-    rms_norm(k, n * s.num_kv_heads, d, D.k_norm.data(), eps, k, nullptr, stream_);
+    rms_norm_pair(q, n * s.num_heads, d, D.q_norm.data(), n * s.num_kv_heads, d, D.k_norm.data(),
+                  eps, stream_);
   } else if (s.qk_norm == QkNorm::kWholeProjection) {
-    rms_norm(q, n, s.q_dim(), D.q_norm.data(), eps, q, nullptr, stream_);
-    rms_norm(k, n, s.kv_dim(), D.k_norm.data(), eps, k, nullptr, stream_);
+    rms_norm_pair(q, n, s.q_dim(), D.q_norm.data(), n, s.kv_dim(), D.k_norm.data(), eps, stream_);
   }
   if (s.clip_qkv) {
     for (auto [p, count] : {std::pair{q, n * s.q_dim()}, std::pair{k, n * s.kv_dim()},
@@ -315,9 +315,12 @@ void CudaBackend::attention_block(int layer, const StepPlan& plan, bool decode_k
   }
   const size_t decode_rows = static_cast<size_t>(plan.num_sequences) * s.q_dim();
   uint16_t* q_rows = decode_kernel ? scratch(decode_q_, decode_rows) : nullptr;
-  apply_rope(q, n, s.num_heads, d, positions_, w.inv_freq().data(), w.attention_factor(),
-             sequences_, q_rows, stream_);
+  // The queries' RoPE runs in the append's launch, which writes the decode kernel's query rows.
   KvAppend append;
+  append.queries = q;
+  append.num_q_heads = s.num_heads;
+  append.query_rows = sequences_;
+  append.query_rows_bf16 = q_rows;
   append.keys = k;
   append.values = v;
   append.sequences = sequences_;

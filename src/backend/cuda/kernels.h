@@ -69,6 +69,10 @@ struct AppendLaunch {
   int num_kv_heads;
   int head_dim;
   int page_size;
+  float* queries;  // KvAppend's
+  int num_q_heads;
+  const int32_t* query_rows;
+  uint16_t* query_rows_bf16;
 };
 void launch_append_kv(const AppendLaunch& launch, cudaStream_t stream);
 

@@ -41,11 +41,23 @@ void append_kv(const PagedKvLayer& kv, const KvAppend& append, cudaStream_t stre
     fail(ErrorKind::kInvalidArgument,
          "append_kv: keys, values, sequences, positions, slots and inv_freq must be set");
   }
-  launch_append_kv(
-      {kv.pool, kv.meta, kv.page_ids, kv.page_offsets, kv.lengths, append.keys, append.values,
-       append.sequences, append.positions, append.slots, append.inv_freq, append.attention_factor,
-       append.count, kv.num_kv_heads, kv.head_dim, kv.page_size},
-      stream);
+  if (append.queries != nullptr && (append.num_q_heads <= 0 || (append.query_rows_bf16 != nullptr &&
+                                                                append.query_rows == nullptr))) {
+    fail(ErrorKind::kInvalidArgument,
+         "append_kv: queries need their head count ({}), and bf16 query rows their row ids",
+         append.num_q_heads);
+  }
+  launch_append_kv({kv.pool,           kv.meta,
+                    kv.page_ids,       kv.page_offsets,
+                    kv.lengths,        append.keys,
+                    append.values,     append.sequences,
+                    append.positions,  append.slots,
+                    append.inv_freq,   append.attention_factor,
+                    append.count,      kv.num_kv_heads,
+                    kv.head_dim,       kv.page_size,
+                    append.queries,    append.queries != nullptr ? append.num_q_heads : 0,
+                    append.query_rows, append.query_rows_bf16},
+                   stream);
 }
 
 size_t compaction_workspace_bytes(int64_t pool_rows, int num_segments) {

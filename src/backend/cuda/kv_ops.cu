@@ -13,13 +13,34 @@
 namespace ekva::cuda {
 namespace {
 
-// One thread per (token, KV head, rotary pair).
+// One thread per (token, KV head, rotary pair), then one per (token, query head, rotary pair).
 __global__ void append_kv_kernel(const AppendLaunch p) {
   follow_prior_grid();
   const int half = p.head_dim / 2;
-  const int64_t total = static_cast<int64_t>(p.count) * p.num_kv_heads * half;
+  const int64_t kv_total = static_cast<int64_t>(p.count) * p.num_kv_heads * half;
+  const int64_t total = kv_total + static_cast<int64_t>(p.count) * p.num_q_heads * half;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    if (i >= kv_total) {
+      const int pair = static_cast<int>((i - kv_total) % half);
+      const int64_t row_head = (i - kv_total) / half;
+      const int token = static_cast<int>(row_head / p.num_q_heads);
+      float* q = p.queries + row_head * p.head_dim;
+      const float2 r =
+          rope_rotate(q[pair], q[pair + half],
+                      rope_cos_sin(p.positions[token], p.inv_freq[pair], p.attention_factor));
+      q[pair] = r.x;
+      q[pair + half] = r.y;
+      if (p.query_rows_bf16 != nullptr) {
+        uint16_t* out =
+            p.query_rows_bf16 + (static_cast<int64_t>(p.query_rows[token]) * p.num_q_heads +
+                                 (row_head - static_cast<int64_t>(token) * p.num_q_heads)) *
+                                    p.head_dim;
+        out[pair] = to_bf16_bits(r.x);
+        out[pair + half] = to_bf16_bits(r.y);
+      }
+      continue;
+    }
     const int pair = static_cast<int>(i % half);
     const int64_t token_head = i / half;
     const int token = static_cast<int>(token_head / p.num_kv_heads);
@@ -436,8 +457,8 @@ int grid_for(int64_t work, int threads) {
 }  // namespace
 
 void launch_append_kv(const AppendLaunch& launch, cudaStream_t stream) {
-  const int64_t work =
-      static_cast<int64_t>(launch.count) * launch.num_kv_heads * launch.head_dim / 2;
+  const int64_t work = static_cast<int64_t>(launch.count) *
+                       (launch.num_kv_heads + launch.num_q_heads) * launch.head_dim / 2;
   const int threads = 256;
   const int blocks = static_cast<int>(std::min<int64_t>((work + threads - 1) / threads, 4096));
   launch_overlapping(append_kv_kernel, dim3(blocks), dim3(threads), 0, stream, launch);

@@ -23,6 +23,14 @@ struct KvAppend {
   const float* inv_freq = nullptr;  // [head_dim / 2], scaling already applied (cpu::Rope's)
   float attention_factor = 1.0f;    // multiplies cos and sin (YaRN)
   int count = 0;
+  // When set, the step's queries [count, num_q_heads, head_dim] are rotated in place in the same
+  // launch (one kernel less per layer), and written in bf16 as row query_rows[t] of
+  // query_rows_bf16 ([sequences, num_q_heads, head_dim]: the decode attention's query rows) when
+  // that is set too.
+  float* queries = nullptr;
+  int num_q_heads = 0;
+  const int32_t* query_rows = nullptr;
+  uint16_t* query_rows_bf16 = nullptr;
 };
 
 // Writes rotate-half-RoPE'd keys and the values as bf16, metadata {position, expert -1, score 0}

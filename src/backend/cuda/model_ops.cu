@@ -47,12 +47,20 @@ int norm_threads(int dim) {
 
 template <bool kAddDelta>
 __global__ void __launch_bounds__(kNormThreads)
-    rms_norm_kernel(float* x, const float* delta, int dim, const float* weight, float eps,
+    rms_norm_kernel(float* x, const float* delta, int first_rows, int first_dim,
+                    const float* first_weight, int dim2, const float* weight2, float eps,
                     float* out_f32, uint16_t* out_bf16) {
   follow_prior_grid();
   __shared__ double partial[kNormThreads / 32];
-  float* row = x + static_cast<int64_t>(blockIdx.x) * dim;
-  const float* row_delta = kAddDelta ? delta + static_cast<int64_t>(blockIdx.x) * dim : nullptr;
+  // Rows past first_rows are of a second array stored right after the first (keys after queries).
+  const bool second = static_cast<int>(blockIdx.x) >= first_rows;
+  const int dim = second ? dim2 : first_dim;
+  const float* weight = second ? weight2 : first_weight;
+  const int64_t offset = second ? static_cast<int64_t>(first_rows) * first_dim +
+                                      static_cast<int64_t>(blockIdx.x - first_rows) * dim2
+                                : static_cast<int64_t>(blockIdx.x) * first_dim;
+  float* row = x + offset;
+  const float* row_delta = kAddDelta ? delta + offset : nullptr;
   double ss = 0.0;
   for (int base = threadIdx.x; base < dim; base += blockDim.x * kNormUnroll) {
     float v[kNormUnroll];
@@ -82,7 +90,7 @@ __global__ void __launch_bounds__(kNormThreads)
   const float inv = static_cast<float>(1.0 / sqrt(total / dim + static_cast<double>(eps)));
   for (int i = threadIdx.x; i < dim; i += blockDim.x) {
     const float y = __fmul_rn(__fmul_rn(row[i], inv), weight[i]);
-    const int64_t at = static_cast<int64_t>(blockIdx.x) * dim + i;
+    const int64_t at = offset + i;
     if (out_f32 != nullptr) out_f32[at] = y;
     if (out_bf16 != nullptr) out_bf16[at] = to_bf16_bits(y);
   }
@@ -101,31 +109,6 @@ __global__ void clamp_kernel(float* x, int64_t count, float limit) {
 __global__ void to_bf16_kernel(const float* x, int64_t count, uint16_t* out) {
   follow_prior_grid();
   EKVA_FOR_EACH(i, count) out[i] = to_bf16_bits(x[i]);
-}
-
-// One thread per (row, head, rotary pair).
-__global__ void rope_kernel(float* x, int n, int num_heads, int head_dim, const int32_t* positions,
-                            const float* inv_freq, float attention_factor, const int32_t* rows,
-                            uint16_t* rows_bf16) {
-  follow_prior_grid();
-  const int half = head_dim / 2;
-  EKVA_FOR_EACH(i, static_cast<int64_t>(n) * num_heads * half) {
-    const int pair = static_cast<int>(i % half);
-    const int64_t row_head = i / half;
-    const int t = static_cast<int>(row_head / num_heads);
-    float* v = x + row_head * head_dim;
-    const float2 r = rope_rotate(v[pair], v[pair + half],
-                                 rope_cos_sin(positions[t], inv_freq[pair], attention_factor));
-    v[pair] = r.x;
-    v[pair + half] = r.y;
-    if (rows_bf16 != nullptr) {
-      uint16_t* out = rows_bf16 + (static_cast<int64_t>(rows[t]) * num_heads +
-                                   (row_head - static_cast<int64_t>(t) * num_heads)) *
-                                      head_dim;
-      out[pair] = to_bf16_bits(r.x);
-      out[pair + half] = to_bf16_bits(r.y);
-    }
-  }
 }
 
 // One warp per token. The probabilities as Router::route forms them (max, exp, sum, divide), then
@@ -376,7 +359,17 @@ void rms_norm(const float* x, int rows, int dim, const float* weight, float eps,
   if (rows == 0) return;
   // The kernel writes x only when it adds a delta.
   launch_overlapping(rms_norm_kernel<false>, dim3(rows), dim3(norm_threads(dim)), 0, stream,
-                     const_cast<float*>(x), nullptr, dim, weight, eps, out_f32, out_bf16);
+                     const_cast<float*>(x), nullptr, rows, dim, weight, dim, weight, eps, out_f32,
+                     out_bf16);
+  EKVA_CUDA_CHECK(cudaGetLastError());
+}
+
+void rms_norm_pair(float* x, int rows, int dim, const float* weight, int rows2, int dim2,
+                   const float* weight2, float eps, cudaStream_t stream) {
+  if (rows + rows2 == 0) return;
+  launch_overlapping(rms_norm_kernel<false>, dim3(rows + rows2),
+                     dim3(norm_threads(std::max(dim, dim2))), 0, stream, x, nullptr, rows, dim,
+                     weight, dim2, weight2, eps, x, nullptr);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -384,7 +377,7 @@ void add_rms_norm(float* x, const float* delta, int rows, int dim, const float* 
                   float* out_f32, uint16_t* out_bf16, cudaStream_t stream) {
   if (rows == 0) return;
   launch_overlapping(rms_norm_kernel<true>, dim3(rows), dim3(norm_threads(dim)), 0, stream, x,
-                     delta, dim, weight, eps, out_f32, out_bf16);
+                     delta, rows, dim, weight, dim, weight, eps, out_f32, out_bf16);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -403,16 +396,6 @@ void clamp_in_place(float* x, int64_t count, float limit, cudaStream_t stream) {
 void to_bf16(const float* x, int64_t count, uint16_t* out, cudaStream_t stream) {
   launch_overlapping(to_bf16_kernel, dim3(grid_for(count)), dim3(kThreads), 0, stream, x, count,
                      out);
-  EKVA_CUDA_CHECK(cudaGetLastError());
-}
-
-void apply_rope(float* x, int n, int num_heads, int head_dim, const int32_t* positions,
-                const float* inv_freq, float attention_factor, const int32_t* rows,
-                uint16_t* rows_bf16, cudaStream_t stream) {
-  launch_overlapping(rope_kernel,
-                     dim3(grid_for(static_cast<int64_t>(n) * num_heads * head_dim / 2)),
-                     dim3(kThreads), 0, stream, x, n, num_heads, head_dim, positions, inv_freq,
-                     attention_factor, rows, rows_bf16);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 

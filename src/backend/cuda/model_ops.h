@@ -22,6 +22,10 @@ void embed_rows(const uint16_t* table, const int32_t* tokens, int n, int hidden,
 void rms_norm(const float* x, int rows, int dim, const float* weight, float eps, float* out_f32,
               uint16_t* out_bf16, cudaStream_t stream);
 
+// rms_norm in place of rows x dim and of rows2 x dim2 stored right after them (a step's queries
+// and keys: QK-norm) in one launch.
+void rms_norm_pair(float* x, int rows, int dim, const float* weight, int rows2, int dim2,
+                   const float* weight2, float eps, cudaStream_t stream);
 // x += delta, then rms_norm of the sum (out_f32 is not x): a residual add and the norm after it.
 void add_rms_norm(float* x, const float* delta, int rows, int dim, const float* weight, float eps,
                   float* out_f32, uint16_t* out_bf16, cudaStream_t stream);
@@ -32,13 +36,6 @@ void add_bias(float* y, const float* bias, int rows, int cols, cudaStream_t stre
 void clamp_in_place(float* x, int64_t count, float limit, cudaStream_t stream);
 // out[i] = bf16(x[i]).
 void to_bf16(const float* x, int64_t count, uint16_t* out, cudaStream_t stream);
-
-// cpu::Rope::apply on the device: rotate-half RoPE of n rows of num_heads heads at positions[t].
-// When rows_bf16 is set, rotated row t is also written in bf16 as row rows[t] of rows_bf16 (the
-// decode attention's query rows, one per sequence).
-void apply_rope(float* x, int n, int num_heads, int head_dim, const int32_t* positions,
-                const float* inv_freq, float attention_factor, const int32_t* rows,
-                uint16_t* rows_bf16, cudaStream_t stream);
 
 // Router::route per token: softmax over num_experts logits, the top_k best (ties to the lower id),
 // gates renormalised over the top_k when asked. experts and gates: [n, top_k], best first.
