@@ -54,6 +54,10 @@ TEST_F(KvOpsTest, AppendAppliesRopeLikeCpu) {
     std::vector<float> values(keys.size());
     for (float& x : keys) x = value(rng);
     for (float& x : values) x = value(rng);
+    // The step's queries, rotated in the same launch.
+    const int num_q_heads = 2 * num_kv_heads;
+    std::vector<float> queries(static_cast<size_t>(count) * num_q_heads * head_dim);
+    for (float& x : queries) x = value(rng);
 
     // The host grows the tables: one empty-slot append per new token reserves pages and slots.
     std::vector<int32_t> slots(static_cast<size_t>(count) * num_kv_heads);
@@ -76,6 +80,7 @@ TEST_F(KvOpsTest, AppendAppliesRopeLikeCpu) {
     }
     DeviceBuffer<float> keys_d{std::span<const float>(keys)},
         values_d{std::span<const float>(values)}, inv_freq_d{std::span<const float>(inv_freq)};
+    DeviceBuffer<float> queries_d{std::span<const float>(queries)};
     DeviceBuffer<int32_t> seq_d{std::span<const int32_t>(sequences)},
         pos_d{std::span<const int32_t>(positions)}, slots_d{std::span<const int32_t>(slots)};
     KvAppend append;
@@ -86,14 +91,24 @@ TEST_F(KvOpsTest, AppendAppliesRopeLikeCpu) {
     append.slots = slots_d.data();
     append.inv_freq = inv_freq_d.data();
     append.count = count;
+    append.queries = queries_d.data();
+    append.num_q_heads = num_q_heads;
     append_kv(kv.view(), append, nullptr);
     EKVA_CUDA_CHECK(cudaDeviceSynchronize());
 
     cpu::Rope rope(rope_spec, head_dim);
     std::vector<float> roped = keys;
+    std::vector<float> roped_queries = queries;
     for (int t = 0; t < count; ++t) {
       rope.apply(roped.data() + static_cast<size_t>(t) * num_kv_heads * head_dim, 1, num_kv_heads,
                  &positions[t]);
+      rope.apply(roped_queries.data() + static_cast<size_t>(t) * num_q_heads * head_dim, 1,
+                 num_q_heads, &positions[t]);
+    }
+    const std::vector<float> got_queries = queries_d.download();
+    for (size_t i = 0; i < got_queries.size(); ++i) {
+      ASSERT_NEAR(got_queries[i], roped_queries[i], 1e-5f * (1.0f + std::fabs(roped_queries[i])))
+          << "query element " << i;
     }
     const std::vector<uint16_t> pool = kv.pool().download();
     const std::vector<TokenMeta> meta = kv.meta().download();
