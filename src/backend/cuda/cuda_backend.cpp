@@ -544,6 +544,11 @@ void CudaBackend::grouped_experts(int layer, int n, const int32_t* experts, cons
       grouped_gemm_groups(g, p, groups, static_cast<int>(pairs), stream_);
     }
   };
+  // A one-token step's products are GEMVs that also apply the SwiGLU and gate and add the
+  // experts' outputs, which then take no kernels of their own.
+  const bool one_token = host_experts == nullptr && n == 1;
+  const int disabled = disabled_.first == layer ? disabled_.second : -1;
+  uint16_t* h = scratch(hidden_bf16_, pairs * inter);
   GroupedGemm up;
   up.weights = D.expert_gate_up.data();
   up.input = x_bf16_.data();
@@ -551,18 +556,21 @@ void CudaBackend::grouped_experts(int layer, int n, const int32_t* experts, cons
   up.out = scratch(gate_up_, pairs * 2 * inter);
   up.out_rows = 2 * inter;
   up.in_cols = hidden;
+  if (one_token) up.swiglu_out = h;
   product(up);
-  uint16_t* h = scratch(hidden_bf16_, pairs * inter);
-  silu_mul(up.out, static_cast<int>(pairs), inter, h, stream_);
+  if (!one_token) silu_mul(up.out, static_cast<int>(pairs), inter, h, stream_);
   GroupedGemm down;
   down.weights = D.expert_down.data();
   down.input = h;
   down.out = y;
   down.out_rows = hidden;
   down.in_cols = inter;
+  if (one_token && combined_gemv_supported(n, k)) {
+    grouped_gemm_combined(down, p, k, disabled, delta, stream_);
+    return;
+  }
   product(down);
-  combine_pairs(y, p, n, k, hidden, disabled_.first == layer ? disabled_.second : -1, delta,
-                stream_);
+  combine_pairs(y, p, n, k, hidden, disabled, delta, stream_);
 }
 
 void CudaBackend::record_routing(int layer, const StepPlan& plan, KvLayout& layout,

@@ -142,6 +142,9 @@ struct GroupedGemm {
   int first_block_rows = 0;
   int block_rows = 0;
   int in_cols = 0;
+  // When set (one input row per group only), out is not written: swiglu_out [pairs, out_rows / 2]
+  // gets bf16(silu(gate) * up) of the two halves of the output rows, as silu_mul forms it.
+  uint16_t* swiglu_out = nullptr;
 };
 bool grouped_gemm_supported(int in_cols, int num_experts);
 // y[n, out_rows] = x[n, in_cols] · Wᵀ (bf16 inputs, float32 y) for at most kMaxGroupedTokens rows
@@ -162,6 +165,12 @@ void grouped_gemm(const GroupedGemm& gemm, const MoePairs& pairs, int n, int top
 // side by side and so share its weights in L2.
 void grouped_gemm_groups(const GroupedGemm& gemm, const MoePairs& pairs, int num_groups,
                          int num_pairs, cudaStream_t stream);
+// A one-token step's products and combine_pairs in one kernel: out[0] = the sum of gate * W_e ·
+// input row over the token's pairs in ascending expert order, skipping disabled_expert; g.out is
+// not used. Top-k of 1, 2, 4 or 8.
+bool combined_gemv_supported(int n, int top_k);
+void grouped_gemm_combined(const GroupedGemm& gemm, const MoePairs& pairs, int top_k,
+                           int disabled_expert, float* out, cudaStream_t stream);
 // out[t] = the sum of gate * y[pair] over token t's pairs in ascending expert order, skipping
 // disabled_expert (-1: none).
 void combine_pairs(const float* y, const MoePairs& pairs, int n, int top_k, int hidden,

@@ -222,19 +222,27 @@ __global__ void __launch_bounds__(kWarps * 32)
 }
 
 // A product whose groups have one input row each (batch-1 decode) is a GEMV, bound by the weight
-// bytes in flight: each warp streams kGemvRowsPerWarp consecutive weight rows with 16-byte loads
-// straight into registers, kGemvDepth column steps of all of them issued before any is used. When
-// the rows are too few to keep enough warps reading, `split` warps of a CTA share each row set,
-// each reading every split-th 512-byte stretch of the rows, and add up in shared memory: nothing is
-// zeroed or added atomically.
+// bytes in flight: each warp streams kGemvRowsPerWarp consecutive output rows' weights with
+// 16-byte loads straight into registers, kGemvDepth column steps of all of them issued before any
+// is used. When the rows are too few to keep enough warps reading, `split` warps of a CTA share
+// each row set, each reading every slices-th 512-byte stretch of its group's rows, and add up in
+// shared memory: nothing is zeroed or added atomically.
 constexpr int kGemvWarps = 8;
 constexpr int kGemvRowsPerWarp = 4;
 constexpr int kGemvDepth = 2;
 
+enum class GemvOutput {
+  kOutputRows,  // g.out (output_address)
+  kSwiglu,      // g.swiglu_out: bf16(silu(gate) * up) of the two halves of the weight rows
+  kCombine,     // g.out row 0: the token's pairs gated and summed in ascending expert order
+};
+
 struct GemvLaunch {
   GroupedGemm g;
   MoePairs p;
-  int split = 1;  // warps per row set: 1, 2, 4 or 8
+  int split = 1;           // warps per row set: 1, 2, 4 or 8
+  int groups_per_set = 1;  // kCombine: the token's pairs, each read by split / groups_per_set warps
+  int disabled_expert = -1;
 };
 
 __device__ __forceinline__ float dot8(uint4 w, uint4 x, float acc) {
@@ -249,74 +257,127 @@ __device__ __forceinline__ float dot8(uint4 w, uint4 x, float acc) {
   return acc;
 }
 
-// grid: (row tiles of kGemvWarps / split * kGemvRowsPerWarp rows, groups); launched overlapping
-// the kernel before it. A dense product's weights do not depend on that kernel, so its first
-// column steps are fetched into L2 before waiting for it.
+// grid: (row tiles of kGemvWarps / split * kGemvRowsPerWarp output rows, groups; kCombine: 1);
+// launched overlapping the kernel before it. A dense product's weights do not depend on that
+// kernel, so its first column steps are fetched into L2 before waiting for it.
+template <GemvOutput kOutput>
 __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(const GemvLaunch launch) {
+  constexpr int R = kGemvRowsPerWarp;
+  constexpr int kWeightRows = kOutput == GemvOutput::kSwiglu ? 2 * R : R;
   const GroupedGemm& g = launch.g;
   const MoePairs& p = launch.p;
   const int split = launch.split;
   const bool dense = g.dense != nullptr;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int part = warp % split;
-  const int row0 =
-      blockIdx.x * (kGemvWarps / split * kGemvRowsPerWarp) + warp / split * kGemvRowsPerWarp;
+  const int slices = kOutput == GemvOutput::kCombine ? split / launch.groups_per_set : split;
+  const int group = kOutput == GemvOutput::kCombine ? part / slices : blockIdx.y;
+  const int slice = part % slices;
+  const int out_rows = kOutput == GemvOutput::kSwiglu ? g.out_rows / 2 : g.out_rows;
+  const int row0 = blockIdx.x * (kGemvWarps / split * R) + warp / split * R;
   const int vectors = g.in_cols / 8;
-  const int stride = 32 * split;  // vectors between a lane's consecutive loads of a row
-  // Rows past the end read the last row and are not written.
-  const auto row_of = [&](int r) { return min(row0 + r, g.out_rows - 1); };
-  if (dense && part == 0 && lane < kGemvRowsPerWarp) {
+  const int stride = 32 * slices;  // vectors between a lane's consecutive loads of a row
+  // Weight row k of the warp; rows past the end read the last row and are not written.
+  const auto weight_row = [&](int k) {
+    const int r = min(row0 + k % R, out_rows - 1);
+    return k < R ? r : out_rows + r;
+  };
+  if (dense && slice == 0 && lane < kWeightRows) {
     const int ahead = min(vectors, stride * kGemvDepth) * 16;
-    prefetch_l2(g.dense + static_cast<int64_t>(row_of(lane)) * g.in_cols, ahead);
+    prefetch_l2(g.dense + static_cast<int64_t>(weight_row(lane)) * g.in_cols, ahead);
   }
   follow_prior_grid();
-  if (!dense && static_cast<int>(blockIdx.y) >= *p.num_touched) return;
-  const int first = dense ? 0 : p.touched_first[blockIdx.y];
-  const uint16_t* w = dense ? g.dense : g.weights[p.touched[blockIdx.y]];
+  if (!dense && group >= *p.num_touched) return;  // uniform: never for kCombine
+  const int first = dense ? 0 : p.touched_first[group];
+  const uint16_t* w = dense ? g.dense : g.weights[p.touched[group]];
   const int64_t input_row = dense ? 0 : g.input_is_token ? p.token[first] : first;
   const uint4* x = reinterpret_cast<const uint4*>(g.input + input_row * g.in_cols);
-  const uint4* rows[kGemvRowsPerWarp];
+  const uint4* rows[kWeightRows];
 #pragma unroll
-  for (int r = 0; r < kGemvRowsPerWarp; ++r) {
-    rows[r] = reinterpret_cast<const uint4*>(w + static_cast<int64_t>(row_of(r)) * g.in_cols);
+  for (int k = 0; k < kWeightRows; ++k) {
+    rows[k] = reinterpret_cast<const uint4*>(w + static_cast<int64_t>(weight_row(k)) * g.in_cols);
   }
-  float acc[kGemvRowsPerWarp] = {};
-  for (int base = part * 32 + lane; base < vectors; base += stride * kGemvDepth) {
-    uint4 wv[kGemvDepth][kGemvRowsPerWarp], xv[kGemvDepth];
+  float acc[kWeightRows] = {};
+  for (int base = slice * 32 + lane; base < vectors; base += stride * kGemvDepth) {
+    uint4 wv[kGemvDepth][kWeightRows], xv[kGemvDepth];
 #pragma unroll
     for (int d = 0; d < kGemvDepth; ++d) {
       const int v = base + stride * d;
       const bool valid = v < vectors;
       xv[d] = valid ? __ldg(x + v) : make_uint4(0, 0, 0, 0);
 #pragma unroll
-      for (int r = 0; r < kGemvRowsPerWarp; ++r) {
-        wv[d][r] = valid ? __ldcs(rows[r] + v) : make_uint4(0, 0, 0, 0);
+      for (int k = 0; k < kWeightRows; ++k) {
+        wv[d][k] = valid ? __ldcs(rows[k] + v) : make_uint4(0, 0, 0, 0);
       }
     }
 #pragma unroll
     for (int d = 0; d < kGemvDepth; ++d) {
 #pragma unroll
-      for (int r = 0; r < kGemvRowsPerWarp; ++r) acc[r] = dot8(wv[d][r], xv[d], acc[r]);
+      for (int k = 0; k < kWeightRows; ++k) acc[k] = dot8(wv[d][k], xv[d], acc[k]);
     }
   }
 #pragma unroll
-  for (int r = 0; r < kGemvRowsPerWarp; ++r) {
+  for (int k = 0; k < kWeightRows; ++k) {
 #pragma unroll
     for (int offset = 16; offset > 0; offset /= 2) {
-      acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], offset);
+      acc[k] += __shfl_xor_sync(0xffffffffu, acc[k], offset);
     }
   }
-  __shared__ float partial[kGemvWarps][kGemvRowsPerWarp];
+  __shared__ float partial[kGemvWarps][kWeightRows];
   if (lane == 0) {
 #pragma unroll
-    for (int r = 0; r < kGemvRowsPerWarp; ++r) partial[warp][r] = acc[r];
+    for (int k = 0; k < kWeightRows; ++k) partial[warp][k] = acc[k];
   }
   __syncthreads();
-  if (part == 0 && lane < kGemvRowsPerWarp && row0 + lane < g.out_rows) {
+  if (part != 0 || lane >= R || row0 + lane >= out_rows) return;
+  const int row = row0 + lane;
+  // A group's sum over its slices, in slice order.
+  const auto sum = [&](int first_warp, int k) {
     float value = 0.0f;
-    for (int q = 0; q < split; ++q) value += partial[warp + q][lane];
-    *output_address(g, first, 1, 0, row0 + lane) = value;
+    for (int q = 0; q < slices; ++q) value += partial[first_warp + q][k];
+    return value;
+  };
+  if constexpr (kOutput == GemvOutput::kOutputRows) {
+    *output_address(g, first, 1, 0, row) = sum(warp, lane);
+  } else if constexpr (kOutput == GemvOutput::kSwiglu) {
+    const float gate = sum(warp, lane), up = sum(warp, R + lane);
+    g.swiglu_out[static_cast<int64_t>(first) * out_rows + row] =
+        to_bf16_bits(gate / (1.0f + expf(-gate)) * up);
+  } else {
+    float value = 0.0f;  // as combine_kernel adds them
+    for (int j = 0; j < launch.groups_per_set; ++j) {
+      const int pair = p.touched_first[j];
+      if (p.expert[pair] != launch.disabled_expert) {
+        value += p.gate[pair] * sum(warp + j * slices, lane);
+      }
+    }
+    g.out[row] = value;
   }
+}
+
+int multiprocessors();
+
+// Launches gemv_kernel with as many warps per row set as keep about 48 warps per multiprocessor
+// reading, each lane keeping at least two 16-byte loads per row; kCombine's sets hold one warp
+// group per pair, `groups` of them.
+template <GemvOutput kOutput>
+void launch_gemv(const GroupedGemm& g, const MoePairs& pairs, int groups, int disabled_expert,
+                 cudaStream_t stream) {
+  const bool combine = kOutput == GemvOutput::kCombine;
+  const int out_rows = kOutput == GemvOutput::kSwiglu ? g.out_rows / 2 : g.out_rows;
+  const int64_t warps =
+      static_cast<int64_t>(groups) * ((out_rows + kGemvRowsPerWarp - 1) / kGemvRowsPerWarp);
+  int slices = 1;
+  while ((combine ? groups : 1) * slices * 2 <= kGemvWarps &&
+         warps * slices < 48 * multiprocessors() && g.in_cols / 8 >= 64 * 2 * slices) {
+    slices *= 2;
+  }
+  GemvLaunch launch{g, pairs, (combine ? groups : 1) * slices, combine ? groups : 1,
+                    disabled_expert};
+  const int rows_per_cta = kGemvWarps / launch.split * kGemvRowsPerWarp;
+  launch_overlapping(gemv_kernel<kOutput>,
+                     dim3((out_rows + rows_per_cta - 1) / rows_per_cta, combine ? 1 : groups),
+                     dim3(kGemvWarps * 32), 0, stream, launch);
 }
 
 int multiprocessors() {
@@ -374,19 +435,18 @@ void launch_grouped_gemm(const GroupedGemm& g, const MoePairs& pairs, int max_ro
   // The grid is cut along the columns until it is about four waves of two CTAs per
   // multiprocessor (fewer CTAs leave a long last wave), each part at least two column steps; the
   // parts then add into a zeroed output.
-  if (max_rows == 1) {
-    // Warps share row sets until about 48 warps per multiprocessor read, each lane keeping at
-    // least two 16-byte loads per row.
-    const int64_t warps =
-        static_cast<int64_t>(touched) * ((g.out_rows + kGemvRowsPerWarp - 1) / kGemvRowsPerWarp);
-    int split = 1;
-    while (split < kGemvWarps && warps * split < 48 * multiprocessors() &&
-           g.in_cols / 8 >= 64 * 2 * split) {
-      split *= 2;
+  if (g.swiglu_out != nullptr) {
+    if (max_rows != 1 || g.out_rows % 2 != 0) {
+      fail(ErrorKind::kUnsupported,
+           "grouped_gemm: a SwiGLU output needs one input row per group ({}) and an even number "
+           "of output rows ({})",
+           max_rows, g.out_rows);
     }
-    const int rows_per_cta = kGemvWarps / split * kGemvRowsPerWarp;
-    launch_overlapping(gemv_kernel, dim3((g.out_rows + rows_per_cta - 1) / rows_per_cta, touched),
-                       dim3(kGemvWarps * 32), 0, stream, GemvLaunch{g, pairs, split});
+    launch_gemv<GemvOutput::kSwiglu>(g, pairs, touched, -1, stream);
+    return;
+  }
+  if (max_rows == 1) {
+    launch_gemv<GemvOutput::kOutputRows>(g, pairs, touched, -1, stream);
     return;
   }
   const int row_tiles = (g.out_rows + kRows - 1) / kRows;
@@ -443,6 +503,24 @@ void grouped_gemm_groups(const GroupedGemm& g, const MoePairs& pairs, int num_gr
   }
   if (num_groups == 0) return;
   launch_grouped_gemm(g, pairs, kMaxGroupedTokens, num_groups, num_pairs, stream);
+}
+
+bool combined_gemv_supported(int n, int top_k) {
+  return n == 1 && top_k >= 1 && top_k <= kGemvWarps && (top_k & (top_k - 1)) == 0;
+}
+
+void grouped_gemm_combined(const GroupedGemm& g, const MoePairs& pairs, int top_k,
+                           int disabled_expert, float* out, cudaStream_t stream) {
+  if (!combined_gemv_supported(1, top_k) || !grouped_gemm_supported(g.in_cols, top_k) ||
+      g.dense != nullptr || g.swiglu_out != nullptr) {
+    fail(ErrorKind::kUnsupported,
+         "grouped_gemm_combined: top-{} (1, 2, 4 or 8) of experts, {} input columns (a multiple "
+         "of 8)",
+         top_k, g.in_cols);
+  }
+  GroupedGemm into = g;
+  into.out = out;
+  launch_gemv<GemvOutput::kCombine>(into, pairs, top_k, disabled_expert, stream);
 }
 
 bool skinny_gemm_supported(int n, int in_cols) {

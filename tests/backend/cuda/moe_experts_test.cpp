@@ -176,6 +176,113 @@ TEST_F(GroupedGemmTest, MostExpertsFullBatchTopEight) {
   run_case({kMaxGroupedExperts, 8, kMaxGroupedTokens, 24, 64}, 5);
 }
 
+// A one-token step's gate-and-up product with its SwiGLU applied (bf16 out), and its down product
+// gated and added over the token's experts in ascending order (one expert disabled), against
+// products here in double.
+TEST_F(GroupedGemmTest, OneTokenSwigluAndCombinedProducts) {
+  std::mt19937 rng(9);
+  constexpr int kExperts = 16, kInter = 1032, kHidden = 1040;
+  for (const int top_k : {2, 8}) {
+    SCOPED_TRACE(::testing::Message() << "top-" << top_k);
+    std::vector<int32_t> experts(top_k);
+    std::iota(experts.begin(), experts.end(), 3);
+    std::shuffle(experts.begin(), experts.end(), rng);
+    std::vector<float> gates(top_k);
+    for (int j = 0; j < top_k; ++j) gates[j] = 1.0f / static_cast<float>(j + 2);
+    const int disabled = experts[top_k / 2];
+    std::vector<std::vector<uint16_t>> up_w, down_w;
+    std::vector<DeviceBuffer<uint16_t>> device_w;
+    std::vector<const uint16_t*> up_ptrs, down_ptrs;
+    for (int e = 0; e < kExperts; ++e) {
+      up_w.push_back(random_bf16(static_cast<size_t>(2 * kInter) * kHidden, rng));
+      device_w.emplace_back(std::span<const uint16_t>(up_w.back()));
+      up_ptrs.push_back(device_w.back().data());
+      down_w.push_back(random_bf16(static_cast<size_t>(kHidden) * kInter, rng));
+      device_w.emplace_back(std::span<const uint16_t>(down_w.back()));
+      down_ptrs.push_back(device_w.back().data());
+    }
+    const std::vector<uint16_t> x = random_bf16(kHidden, rng);
+    DeviceBuffer<const uint16_t*> up_d{std::span<const uint16_t* const>(up_ptrs)};
+    DeviceBuffer<const uint16_t*> down_d{std::span<const uint16_t* const>(down_ptrs)};
+    DeviceBuffer<uint16_t> x_d{std::span<const uint16_t>(x)};
+    DeviceBuffer<int32_t> experts_d{std::span<const int32_t>(experts)};
+    DeviceBuffer<float> gates_d{std::span<const float>(gates)};
+    DeviceBuffer<int32_t> ints(5 * static_cast<size_t>(top_k) + 2);
+    DeviceBuffer<float> pair_gates(top_k);
+    MoePairs p;
+    p.token = ints.data();
+    p.expert = ints.data() + top_k;
+    p.token_pairs = ints.data() + 2 * top_k;
+    p.touched = ints.data() + 3 * top_k;
+    p.touched_first = ints.data() + 4 * top_k;
+    p.num_touched = ints.data() + 5 * top_k + 1;
+    p.gate = pair_gates.data();
+    sort_pairs(experts_d.data(), gates_d.data(), 1, top_k, kExperts, p, nullptr);
+    DeviceBuffer<uint16_t> h(static_cast<size_t>(top_k) * kInter);
+    DeviceBuffer<float> out(kHidden);
+    EKVA_CUDA_CHECK(cudaMemset(out.data(), 0xff, out.bytes()));
+    GroupedGemm up;
+    up.weights = up_d.data();
+    up.input = x_d.data();
+    up.input_is_token = true;
+    up.out_rows = 2 * kInter;
+    up.in_cols = kHidden;
+    up.swiglu_out = h.data();
+    grouped_gemm(up, p, 1, top_k, kExperts, nullptr);
+    GroupedGemm down;
+    down.weights = down_d.data();
+    down.input = h.data();
+    down.out_rows = kHidden;
+    down.in_cols = kInter;
+    ASSERT_TRUE(combined_gemv_supported(1, top_k));
+    grouped_gemm_combined(down, p, top_k, disabled, out.data(), nullptr);
+    EKVA_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<uint16_t> got_h = h.download();
+    const std::vector<float> got = out.download();
+    std::vector<int32_t> sorted = experts;
+    std::sort(sorted.begin(), sorted.end());
+    const auto dot = [](const uint16_t* w, const uint16_t* v, int n, double* magnitude) {
+      double sum = 0.0;
+      for (int i = 0; i < n; ++i) {
+        const double term = static_cast<double>(bf16_to_f32(w[i])) * bf16_to_f32(v[i]);
+        sum += term;
+        *magnitude += std::abs(term);
+      }
+      return sum;
+    };
+    for (int j = 0; j < top_k; ++j) {  // pair j is the j-th smallest expert
+      const int e = sorted[j];
+      for (int r = 0; r < kInter; ++r) {
+        double mg = 0.0, mu = 0.0;
+        const double g =
+            dot(up_w[e].data() + static_cast<size_t>(r) * kHidden, x.data(), kHidden, &mg);
+        const double u =
+            dot(up_w[e].data() + static_cast<size_t>(kInter + r) * kHidden, x.data(), kHidden, &mu);
+        const double want = g / (1.0 + std::exp(-g)) * u;
+        // bf16 rounding of the result, and fp32 sums of the two products.
+        ASSERT_NEAR(bf16_to_f32(got_h[static_cast<size_t>(j) * kInter + r]), want,
+                    std::abs(want) / 128 + 1e-5 * (mg + mu))
+            << "pair " << j << " (expert " << e << ") row " << r;
+      }
+    }
+    for (int r = 0; r < kHidden; ++r) {
+      double want = 0.0, magnitude = 0.0;
+      for (int j = 0; j < top_k; ++j) {
+        if (sorted[j] == disabled) continue;
+        const size_t gate_index =
+            std::find(experts.begin(), experts.end(), sorted[j]) - experts.begin();
+        double m = 0.0;
+        want += gates[gate_index] * dot(down_w[sorted[j]].data() + static_cast<size_t>(r) * kInter,
+                                        got_h.data() + static_cast<size_t>(j) * kInter, kInter, &m);
+        magnitude += gates[gate_index] * m;
+      }
+      ASSERT_NEAR(got[r], want, 1e-5 * magnitude + 1e-6) << "row " << r;
+    }
+  }
+  EXPECT_FALSE(combined_gemv_supported(2, 2));
+  EXPECT_FALSE(combined_gemv_supported(1, 6));
+}
+
 // Also as a stacked [Q; K; V]-like matrix (a first block of 140 rows, then blocks of 80: tiles of
 // 64 rows cross both boundaries), each block's outputs in an array of its own.
 TEST_F(GroupedGemmTest, SkinnyDenseProductMatchesDouble) {
