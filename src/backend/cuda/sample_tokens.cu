@@ -1,11 +1,13 @@
-// Tokens drawn where the logits are (draw_token's definition): each sampled row sorted best first
-// by a segmented radix sort, then one CTA per row walks its candidates in that order.
+// Tokens drawn where the logits are (draw_token's definition). A row's draw reaches only a prefix
+// of its candidates best first: the top-k, or those before the top-p cut or the drawn token. One
+// CTA per row bounds that prefix from a histogram of the weights and keeps the candidates above the
+// bound, a segmented sort orders them, and one CTA per row walks them.
 #include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
-#include <cub/device/device_segmented_radix_sort.cuh>
+#include <cub/device/device_segmented_sort.cuh>
 #include <cuda/functional>
 
 #include "backend/cuda/cuda_check.h"
@@ -16,34 +18,111 @@
 namespace ekva::cuda {
 namespace {
 
+constexpr int kSelectThreads = 1024;
+// Weight buckets: kBucketsPerNat per unit of log-weight below the best candidate's, the last one
+// open-ended. A bucket holds candidates of strictly higher logits than any later bucket's.
+constexpr int kBuckets = 2048;
+constexpr float kBucketsPerNat = 16.0f;
+// The bound keeps every candidate whose better candidates weigh at most this much more than the
+// draw can need: the buckets' float sums are off by far less.
+constexpr double kMassMargin = 1.05;
+
 constexpr int kDrawThreads = 256;
 constexpr int kDrawItems = 8;  // consecutive candidates per thread in a pass
 constexpr int kDrawChunk = kDrawThreads * kDrawItems;
 
-// The sort's inputs: the logits with -0 as +0 (draw_token compares them as equal, and a stable
-// radix sort then keeps equal logits in ascending id order), their ids, and the row offsets.
-__global__ void sort_inputs_kernel(const float* logits, int64_t count, int vocab, int rows,
-                                   float* keys, int32_t* ids, int32_t* offsets) {
-  follow_prior_grid();
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    keys[i] = logits[i] + 0.0f;
-    ids[i] = static_cast<int32_t>(i % vocab);
-  }
-  if (blockIdx.x == 0) {
-    for (int r = threadIdx.x; r <= rows; r += blockDim.x) offsets[r] = r * vocab;
-  }
+// A candidate as one 64-bit key, larger is better: the logit's bits made to order as unsigned
+// (-0 as +0, which draw_token compares as equal), then the complement of the id, so that equal
+// logits put the lower id first and no two keys are equal.
+__device__ __forceinline__ uint64_t candidate_key(float logit, int id) {
+  uint32_t bits = __float_as_uint(logit + 0.0f);
+  bits = (bits & 0x80000000u) != 0 ? ~bits : bits | 0x80000000u;
+  return (static_cast<uint64_t>(bits) << 32) | (0xffffffffu - static_cast<uint32_t>(id));
+}
+__device__ __forceinline__ float candidate_logit(uint64_t key) {
+  const uint32_t bits = static_cast<uint32_t>(key >> 32);
+  return __uint_as_float((bits & 0x80000000u) != 0 ? bits & 0x7fffffffu : ~bits);
+}
+__device__ __forceinline__ int candidate_id(uint64_t key) {
+  return static_cast<int>(0xffffffffu - static_cast<uint32_t>(key));
 }
 
-struct DrawPass {
-  double carry;  // weight before the chunk
-  int found;     // the first candidate meeting the condition, INT_MAX: none yet
-};
+// The draw's top-k, 0 when it keeps every candidate.
+__device__ __forceinline__ int kept_top_k(const TokenDraw& d, int vocab) {
+  return d.top_k > 0 && d.top_k < vocab ? d.top_k : 0;
+}
 
-// One pass over candidates [0, keep) in order: the first i whose running weight (inclusive)
-// meets `reached`, or INT_MAX; *total gets the weight of all of them when none does.
+// One CTA per row (sampled rows only: others get no candidates). Writes the kept candidates' keys
+// at the row's place in `keys`, the segment's end to ends[row], and the weight of every candidate
+// to totals[row] (what the draw needs when it keeps them all).
+__global__ void __launch_bounds__(kSelectThreads)
+    select_candidates_kernel(const float* logits, int vocab, const TokenDraw* draws,
+                             const int32_t* tokens, uint64_t* keys, int32_t* begins, int32_t* ends,
+                             double* totals) {
+  follow_prior_grid();
+  using Reduce = cub::BlockReduce<double, kSelectThreads>;
+  __shared__ typename Reduce::TempStorage reduce;
+  __shared__ float bucket_mass[kBuckets];
+  __shared__ int bucket_count[kBuckets];
+  __shared__ int last_bucket;
+  __shared__ int kept;
+  const int row = blockIdx.x;
+  const int64_t base = static_cast<int64_t>(row) * vocab;
+  if (threadIdx.x == 0) begins[row] = static_cast<int32_t>(base);
+  const TokenDraw d = draws[row];
+  if (d.temperature <= 0.0f || tokens[row] < 0) {
+    if (threadIdx.x == 0) ends[row] = static_cast<int32_t>(base);
+    return;
+  }
+  const float* x = logits + base;
+  const double mx = x[tokens[row]], temperature = d.temperature;
+  for (int b = threadIdx.x; b < kBuckets; b += blockDim.x) {
+    bucket_mass[b] = 0.0f;
+    bucket_count[b] = 0;
+  }
+  __syncthreads();
+  const auto bucket_of = [&](float logit) {
+    const float below = static_cast<float>((mx - logit) / temperature) * kBucketsPerNat;
+    return below < kBuckets - 1 ? static_cast<int>(below) : kBuckets - 1;
+  };
+  double total = 0.0;
+  for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+    const double w = exp((static_cast<double>(x[i]) - mx) / temperature);
+    total += w;
+    const int b = bucket_of(x[i]);
+    atomicAdd(&bucket_mass[b], static_cast<float>(w));
+    atomicAdd(&bucket_count[b], 1);
+  }
+  total = Reduce(reduce).Sum(total);
+  if (threadIdx.x == 0) {
+    totals[row] = total;
+    // The last bucket kept: the one that completes the top-k, or without top-k the first whose
+    // better buckets weigh more than the top-p cut (or the drawn token) can need.
+    const int k = kept_top_k(d, vocab);
+    const double need = (d.top_p < 1.0f ? d.top_p : d.u) * total * kMassMargin;
+    double mass = 0.0;
+    int count = 0, b = 0;
+    for (; b < kBuckets - 1; ++b) {
+      mass += bucket_mass[b];
+      count += bucket_count[b];
+      if (k > 0 ? count >= k : mass > need) break;
+    }
+    last_bucket = b;
+    kept = 0;
+  }
+  __syncthreads();
+  const int last = last_bucket;
+  for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+    if (bucket_of(x[i]) <= last) keys[base + atomicAdd(&kept, 1)] = candidate_key(x[i], i);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) ends[row] = static_cast<int32_t>(base + kept);
+}
+
+// One pass over candidates [0, count) in order: the first i whose running weight (inclusive)
+// meets `reached`, or INT_MAX with *total the weight of all of them.
 template <typename Reached>
-__device__ int first_reaching(const float* keys, int keep, double mx, double temperature,
+__device__ int first_reaching(const uint64_t* keys, int count, double mx, double temperature,
                               Reached reached, double* total) {
   using Scan = cub::BlockScan<double, kDrawThreads>;
   using Reduce = cub::BlockReduce<int, kDrawThreads>;
@@ -51,14 +130,15 @@ __device__ int first_reaching(const float* keys, int keep, double mx, double tem
   __shared__ typename Reduce::TempStorage reduce;
   __shared__ int found;
   double carry = 0.0;
-  for (int base = 0; base < keep; base += kDrawChunk) {
+  for (int base = 0; base < count; base += kDrawChunk) {
     const int first = base + threadIdx.x * kDrawItems;
     double w[kDrawItems];
     double local = 0.0;
 #pragma unroll
     for (int j = 0; j < kDrawItems; ++j) {
-      w[j] =
-          first + j < keep ? exp((static_cast<double>(keys[first + j]) - mx) / temperature) : 0.0;
+      w[j] = first + j < count
+                 ? exp((static_cast<double>(candidate_logit(keys[first + j])) - mx) / temperature)
+                 : 0.0;
       local += w[j];
     }
     double before, chunk;
@@ -68,7 +148,7 @@ __device__ int first_reaching(const float* keys, int keep, double mx, double tem
 #pragma unroll
     for (int j = 0; j < kDrawItems; ++j) {
       running += w[j];
-      if (mine == INT_MAX && first + j < keep && reached(running)) mine = first + j;
+      if (mine == INT_MAX && first + j < count && reached(running)) mine = first + j;
     }
     const int best = Reduce(reduce).Reduce(mine, ::cuda::minimum<>{});
     if (threadIdx.x == 0) found = best;
@@ -83,24 +163,28 @@ __device__ int first_reaching(const float* keys, int keep, double mx, double tem
 }
 
 // The running weight of candidates [0, count) in order, summed as first_reaching sums them.
-__device__ double weight_through(const float* keys, int count, double mx, double temperature) {
+__device__ double weight_through(const uint64_t* keys, int count, double mx, double temperature) {
   double total = 0.0;
   first_reaching(
       keys, count, mx, temperature, [](double) { return false; }, &total);
   return total;
 }
 
+// One CTA per row over its kept candidates, best first.
 __global__ void __launch_bounds__(kDrawThreads)
-    draw_kernel(const float* keys, const int32_t* ids, int vocab, const TokenDraw* draws,
-                int32_t* tokens) {
+    draw_kernel(const uint64_t* keys, const int32_t* begins, const int32_t* ends,
+                const double* totals, int vocab, const TokenDraw* draws, int32_t* tokens) {
   follow_prior_grid();
   const int row = blockIdx.x;
   const TokenDraw d = draws[row];
   if (d.temperature <= 0.0f || tokens[row] < 0) return;
-  const float* k = keys + static_cast<int64_t>(row) * vocab;
-  const double mx = k[0], temperature = d.temperature;
-  int keep = d.top_k > 0 ? min(d.top_k, vocab) : vocab;
-  double mass = weight_through(k, keep, mx, temperature);
+  const uint64_t* k = keys + begins[row];
+  const int count = ends[row] - begins[row];
+  const double mx = candidate_logit(k[0]), temperature = d.temperature;
+  const int top_k = kept_top_k(d, vocab);
+  int keep = top_k > 0 ? min(top_k, count) : count;
+  // Without top-k the candidates kept stop where the draw stops; their weight is the row's.
+  double mass = top_k > 0 ? weight_through(k, keep, mx, temperature) : totals[row];
   if (d.top_p < 1.0f) {
     const double p = d.top_p, sum = mass;
     double unused = 0.0;
@@ -115,17 +199,15 @@ __global__ void __launch_bounds__(kDrawThreads)
   double unused = 0.0;
   const int pick = first_reaching(
       k, keep, mx, temperature, [=](double running) { return running > target; }, &unused);
-  if (threadIdx.x == 0) {
-    tokens[row] = ids[static_cast<int64_t>(row) * vocab + (pick == INT_MAX ? keep - 1 : pick)];
-  }
+  if (threadIdx.x == 0) tokens[row] = candidate_id(k[pick == INT_MAX ? keep - 1 : pick]);
 }
 
 struct SortBuffers {
-  float* keys_in;
-  float* keys_out;
-  int32_t* ids_in;
-  int32_t* ids_out;
-  int32_t* offsets;
+  uint64_t* keys_in;
+  uint64_t* keys_out;
+  int32_t* begins;
+  int32_t* ends;
+  double* totals;
   void* temp;
   size_t temp_bytes;
   size_t total;
@@ -145,14 +227,14 @@ SortBuffers sort_buffers(char* base, int rows, int vocab) {
     at += align_up(bytes);
     return p;
   };
-  b.keys_in = reinterpret_cast<float*>(take(count * sizeof(float)));
-  b.keys_out = reinterpret_cast<float*>(take(count * sizeof(float)));
-  b.ids_in = reinterpret_cast<int32_t*>(take(count * sizeof(int32_t)));
-  b.ids_out = reinterpret_cast<int32_t*>(take(count * sizeof(int32_t)));
-  b.offsets = reinterpret_cast<int32_t*>(take((rows + 1) * sizeof(int32_t)));
-  EKVA_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortPairsDescending(
-      nullptr, b.temp_bytes, b.keys_in, b.keys_out, b.ids_in, b.ids_out, static_cast<int>(count),
-      rows, b.offsets, b.offsets + 1));
+  b.keys_in = reinterpret_cast<uint64_t*>(take(count * sizeof(uint64_t)));
+  b.keys_out = reinterpret_cast<uint64_t*>(take(count * sizeof(uint64_t)));
+  b.begins = reinterpret_cast<int32_t*>(take(rows * sizeof(int32_t)));
+  b.ends = reinterpret_cast<int32_t*>(take(rows * sizeof(int32_t)));
+  b.totals = reinterpret_cast<double*>(take(rows * sizeof(double)));
+  EKVA_CUDA_CHECK(cub::DeviceSegmentedSort::SortKeysDescending(
+      nullptr, b.temp_bytes, b.keys_in, b.keys_out, static_cast<int64_t>(count), rows, b.begins,
+      b.ends));
   b.temp = take(b.temp_bytes);
   b.total = at;
   return b;
@@ -181,15 +263,13 @@ void sample_tokens(const float* logits, int rows, int vocab, const TokenDraw* dr
     fail(ErrorKind::kInvalidArgument, "sample_tokens: a workspace of {} bytes, {} needed",
          workspace_bytes, b.total);
   }
-  const int64_t count = static_cast<int64_t>(rows) * vocab;
-  const int blocks = static_cast<int>(std::min<int64_t>((count + 255) / 256, 65535));
-  launch_overlapping(sort_inputs_kernel, dim3(blocks), dim3(256), 0, stream, logits, count, vocab,
-                     rows, b.keys_in, b.ids_in, b.offsets);
-  EKVA_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortPairsDescending(
-      b.temp, b.temp_bytes, b.keys_in, b.keys_out, b.ids_in, b.ids_out, static_cast<int>(count),
-      rows, b.offsets, b.offsets + 1, 0, static_cast<int>(sizeof(float) * 8), stream));
-  launch_overlapping(draw_kernel, dim3(rows), dim3(kDrawThreads), 0, stream, b.keys_out, b.ids_out,
-                     vocab, draws, tokens);
+  launch_overlapping(select_candidates_kernel, dim3(rows), dim3(kSelectThreads), 0, stream, logits,
+                     vocab, draws, tokens, b.keys_in, b.begins, b.ends, b.totals);
+  EKVA_CUDA_CHECK(cub::DeviceSegmentedSort::SortKeysDescending(
+      b.temp, b.temp_bytes, b.keys_in, b.keys_out, static_cast<int64_t>(rows) * vocab, rows,
+      b.begins, b.ends, stream));
+  launch_overlapping(draw_kernel, dim3(rows), dim3(kDrawThreads), 0, stream, b.keys_out, b.begins,
+                     b.ends, b.totals, vocab, draws, tokens);
 }
 
 }  // namespace ekva::cuda
