@@ -126,7 +126,7 @@ CudaBackend::CudaBackend(std::shared_ptr<const DeviceModel> weights, int64_t row
   EKVA_CUDA_CHECK(cudaMemsetAsync(pool_.data(), 0, pool_.bytes(), stream_));
   EKVA_CUDA_CHECK(cudaMemsetAsync(meta_.data(), 0, meta_.bytes(), stream_));
   EKVA_CUDA_CHECK(cudaMemsetAsync(flags_.data(), 0, flags_.bytes(), stream_));  // apply_all's
-  route_counters_ = DeviceBuffer<uint32_t>(kMaxRoutedTokens + 1);
+  route_counters_ = DeviceBuffer<uint32_t>(kMaxRoutedTokens);
   EKVA_CUDA_CHECK(cudaMemsetAsync(route_counters_.data(), 0, route_counters_.bytes(), stream_));
 }
 
@@ -406,14 +406,9 @@ void CudaBackend::moe_block(int layer, int moe_index, const StepPlan& plan, KvLa
   // Each MoE layer's routing stays on the device until the step ends (experts_, gates_).
   int32_t* experts_d = experts_.data() + moe_index * pairs;
   float* gates_d = gates_.data() + moe_index * pairs;
-  // A step whose experts stay on the device has its pairs sorted by the fused router, if any.
-  const bool device_experts = experts_on_device(n, observer);
-  const bool fused_router = route_experts_supported(n, hidden, E);
-  if (fused_router) {
-    const MoePairs pairs_sorted = pair_buffers(pairs);
+  if (route_experts_supported(n, hidden, E)) {
     route_experts(normed_.data(), D.router.data(), n, hidden, E, k, s.norm_topk_prob, logits,
-                  experts_d, gates_d, route_counters_.data(),
-                  device_experts ? &pairs_sorted : nullptr, stream_);
+                  experts_d, gates_d, route_counters_.data(), stream_);
   } else {
     gemm_->f32(normed_.data(), n, D.router.data(), E, hidden, logits);
     route_tokens(logits, n, E, k, s.norm_topk_prob, experts_d, gates_d, stream_);
@@ -422,9 +417,8 @@ void CudaBackend::moe_block(int layer, int moe_index, const StepPlan& plan, KvLa
   // touched expert's weights read once on the tensor cores. Larger ones (prefill) sort on the
   // host, then run grouped products (fine-grained experts) or one cuBLAS product per touched
   // expert (coarse experts, and observers that read K/V or expert outputs).
-  if (device_experts) {
-    grouped_experts(layer, n, experts_d, gates_d, nullptr, nullptr, fused_router, y,
-                    delta);  // writes delta
+  if (experts_on_device(n, observer)) {
+    grouped_experts(layer, n, experts_d, gates_d, nullptr, nullptr, y, delta);  // writes delta
     routed_on_device_.emplace_back(layer, moe_index);
   } else if (experts_grouped_from_host(n, observer)) {
     std::vector<int32_t> experts(pairs);
@@ -446,7 +440,7 @@ void CudaBackend::moe_block(int layer, int moe_index, const StepPlan& plan, KvLa
       observer->on_layer_routed(layer, batch, layout, nullptr, nullptr, experts.data(),
                                 gates.data(), k);
     }
-    grouped_experts(layer, n, experts_d, gates_d, experts.data(), gates.data(), false, y, delta);
+    grouped_experts(layer, n, experts_d, gates_d, experts.data(), gates.data(), y, delta);
   } else {
     EKVA_CUDA_CHECK(
         cudaMemsetAsync(delta, 0, static_cast<size_t>(n) * hidden * sizeof(float), stream_));
@@ -486,7 +480,13 @@ bool CudaBackend::experts_grouped_from_host(int n, const ForwardObserver* observ
          grouped_gemm_supported(s.expert_intermediate, s.num_experts);
 }
 
-MoePairs CudaBackend::pair_buffers(size_t pairs) {
+void CudaBackend::grouped_experts(int layer, int n, const int32_t* experts, const float* gates,
+                                  const int32_t* host_experts, const float* host_gates, float* y,
+                                  float* delta) {
+  const ModelSpec& s = weights_->spec();
+  const DeviceLayer& D = weights_->layer(layer);
+  const int E = s.num_experts, k = s.top_k, hidden = s.hidden_size, inter = s.expert_intermediate;
+  const size_t pairs = static_cast<size_t>(n) * k;
   int32_t* ints = scratch(pair_ints_, 5 * pairs + 2);
   MoePairs p;
   p.token = ints;
@@ -496,21 +496,9 @@ MoePairs CudaBackend::pair_buffers(size_t pairs) {
   p.touched_first = ints + 4 * pairs;
   p.num_touched = ints + 5 * pairs + 1;
   p.gate = scratch(pair_gates_, pairs);
-  return p;
-}
-
-void CudaBackend::grouped_experts(int layer, int n, const int32_t* experts, const float* gates,
-                                  const int32_t* host_experts, const float* host_gates,
-                                  bool pairs_sorted, float* y, float* delta) {
-  const ModelSpec& s = weights_->spec();
-  const DeviceLayer& D = weights_->layer(layer);
-  const int E = s.num_experts, k = s.top_k, hidden = s.hidden_size, inter = s.expert_intermediate;
-  const size_t pairs = static_cast<size_t>(n) * k;
-  const MoePairs p = pair_buffers(pairs);
-  int32_t* ints = p.token;
   int groups = 0;
   if (host_experts == nullptr) {
-    if (!pairs_sorted) sort_pairs(experts, gates, n, k, E, p, stream_);
+    sort_pairs(experts, gates, n, k, E, p, stream_);
   } else {
     // The order sort_pairs gives (experts ascending, each expert's tokens ascending), each
     // expert's pairs cut into groups of at most kMaxGroupedTokens.

@@ -24,7 +24,6 @@
 #include "backend/cuda/device_buffer.h"
 #include "backend/cuda/device_model.h"
 #include "backend/cuda/gemm.h"
-#include "backend/cuda/model_ops.h"
 #include "backend/cuda/paged_kv.h"
 
 namespace ekva::cuda {
@@ -105,12 +104,10 @@ class CudaBackend : public Backend {
   // The routed experts as grouped products that read each touched expert's weights once for all
   // its pairs. The pairs are sorted on the device (a small step: the host learns the routing when
   // the step ends) or, given host_experts and host_gates ([n, top_k], the routing on the host),
-  // on the host; pairs_sorted: the fused router sorted them already (pair_buffers).
+  // on the host.
   void grouped_experts(int layer, int n, const int32_t* experts, const float* gates,
-                       const int32_t* host_experts, const float* host_gates, bool pairs_sorted,
-                       float* y, float* delta);
-  // The sorted pairs of a step of `pairs` (token, expert) pairs, in scratch buffers.
-  MoePairs pair_buffers(size_t pairs);
+                       const int32_t* host_experts, const float* host_gates, float* y,
+                       float* delta);
   // The routed experts with the routing on the host: one product per touched expert over its
   // rows (prefill), and the observer's callbacks.
   void host_routed_experts(int layer, int moe_index, const StepPlan& plan, KvLayout& layout,

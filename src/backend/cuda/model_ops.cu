@@ -8,7 +8,6 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_common.cuh"
 #include "backend/cuda/model_ops.h"
-#include "backend/cuda/moe_pairs.cuh"
 #include "core/error.h"
 
 namespace ekva::cuda {
@@ -191,14 +190,12 @@ __global__ void route_kernel(const float* logits, int n, int num_experts, int to
 // over the hidden size spread over the CTA's threads, whose loads are all issued before any is
 // summed (a decode step's router is latency-bound). The CTA that finishes a token's last logit
 // routes the token; counters[t] counts the finished logits and is left at zero for the next call.
-// With `sort`, the CTA that routes the step's last token (counters[kMaxRoutedTokens] counts them)
-// sorts the step's pairs as sort_pairs does, in dynamic shared memory.
 constexpr int kRouterThreads = 256;
 constexpr int kRouterUnroll = 4;
 __global__ void __launch_bounds__(kRouterThreads)
     route_experts_kernel(const float* x, const float* w, int hidden, int num_experts, int top_k,
                          bool renormalise, float* logits, int32_t* experts, float* gates,
-                         uint32_t* counters, bool sort, MoePairs pairs) {
+                         uint32_t* counters) {
   follow_prior_grid();
   __shared__ float partial[kRouterThreads / 32];
   __shared__ bool last;
@@ -232,26 +229,12 @@ __global__ void __launch_bounds__(kRouterThreads)
     last = atomicAdd(counters + token, 1u) == gridDim.x - 1;
   }
   __syncthreads();
-  if (!last) return;
+  if (!last || warp != 0) return;
   __threadfence();  // every logit of the token is visible once its count is complete
-  if (warp == 0) {
-    route_token(token_logits, num_experts, top_k, renormalise,
-                experts + static_cast<int64_t>(token) * top_k,
-                gates + static_cast<int64_t>(token) * top_k);
-    if (lane == 0) counters[token] = 0;
-  }
-  if (!sort) return;
-  __shared__ bool sorter;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int* routed = reinterpret_cast<int*>(counters + kMaxRoutedTokens);
-    sorter = count_in(routed) == static_cast<int>(gridDim.y) - 1;
-    if (sorter) *routed = 0;
-  }
-  __syncthreads();
-  if (!sorter) return;
-  extern __shared__ int32_t sort_shared[];
-  sort_pairs_block(experts, gates, gridDim.y, top_k, num_experts, pairs, sort_shared);
+  route_token(token_logits, num_experts, top_k, renormalise,
+              experts + static_cast<int64_t>(token) * top_k,
+              gates + static_cast<int64_t>(token) * top_k);
+  if (lane == 0) counters[token] = 0;
 }
 
 __global__ void gather_rows_kernel(const uint16_t* x, const int32_t* rows, int count, int cols,
@@ -423,7 +406,7 @@ bool route_experts_supported(int n, int hidden, int num_experts) {
 
 void route_experts(const float* x, const float* router, int n, int hidden, int num_experts,
                    int top_k, bool renormalise, float* logits, int32_t* experts, float* gates,
-                   uint32_t* counters, const MoePairs* pairs, cudaStream_t stream) {
+                   uint32_t* counters, cudaStream_t stream) {
   if (!route_experts_supported(n, hidden, num_experts) || top_k > 32) {
     fail(ErrorKind::kUnsupported,
          "route_experts: {} tokens (at most {}), hidden size {} (a multiple of 4), {} experts (at "
@@ -431,11 +414,9 @@ void route_experts(const float* x, const float* router, int n, int hidden, int n
          n, kMaxRoutedTokens, hidden, num_experts, 32 * kMaxExpertsPerLane, top_k);
   }
   if (n == 0) return;
-  const size_t shared =
-      pairs == nullptr ? 0 : (static_cast<size_t>(n) * top_k + 2 * num_experts) * sizeof(int32_t);
-  launch_overlapping(route_experts_kernel, dim3(num_experts, n), dim3(kRouterThreads), shared,
-                     stream, x, router, hidden, num_experts, top_k, renormalise, logits, experts,
-                     gates, counters, pairs != nullptr, pairs == nullptr ? MoePairs{} : *pairs);
+  launch_overlapping(route_experts_kernel, dim3(num_experts, n), dim3(kRouterThreads), 0, stream, x,
+                     router, hidden, num_experts, top_k, renormalise, logits, experts, gates,
+                     counters);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 

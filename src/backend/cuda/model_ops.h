@@ -37,8 +37,6 @@ void clamp_in_place(float* x, int64_t count, float limit, cudaStream_t stream);
 // out[i] = bf16(x[i]).
 void to_bf16(const float* x, int64_t count, uint16_t* out, cudaStream_t stream);
 
-struct MoePairs;
-
 // Router::route per token: softmax over num_experts logits, the top_k best (ties to the lower id),
 // gates renormalised over the top_k when asked. experts and gates: [n, top_k], best first.
 void route_tokens(const float* logits, int n, int num_experts, int top_k, bool renormalise,
@@ -46,14 +44,14 @@ void route_tokens(const float* logits, int n, int num_experts, int top_k, bool r
 // The router's float32 logits (x [n, hidden] times router [num_experts, hidden] transposed, into
 // logits) and route_tokens in one kernel, for the few tokens of a decode step of a model with
 // many experts, where a GEMV through cuBLAS and the routing took three kernels (with 8 experts
-// the three were faster: docs/BENCHMARKS.md). counters: [kMaxRoutedTokens + 1], zero before the
-// call and left at zero. With pairs, the kernel also sorts the step's pairs as sort_pairs does.
+// the three were faster: docs/BENCHMARKS.md). counters: [kMaxRoutedTokens], zero before the call
+// and left at zero.
 inline constexpr int kMaxRoutedTokens = 64;
 inline constexpr int kMinRoutedExperts = 32;
 bool route_experts_supported(int n, int hidden, int num_experts);
 void route_experts(const float* x, const float* router, int n, int hidden, int num_experts,
                    int top_k, bool renormalise, float* logits, int32_t* experts, float* gates,
-                   uint32_t* counters, const MoePairs* pairs, cudaStream_t stream);
+                   uint32_t* counters, cudaStream_t stream);
 
 // cpu::attention for one layer: each token's query heads over the retained slots of its
 // (sequence, KV head) whose position is at most the token's, softmax scale 1/sqrt(head_dim).

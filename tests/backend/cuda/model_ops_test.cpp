@@ -116,8 +116,8 @@ TEST(SampleTokens, EveryRowIsDrawTokens) {
 }
 
 // The decode step's fused router: float32 logits against double products, and the softmax's top-k
-// (ties to the lower id) with gates, over calls on the same counters (each leaves them at zero for
-// the next); the pairs it sorts after the last token are sort_pairs' of its routing.
+// (ties to the lower id) with gates, over two calls on the same counters (the first leaves them at
+// zero for the second).
 TEST(RouteExperts, LogitsTopKAndGatesMatchTheHost) {
   EKVA_SKIP_WITHOUT_GPU();
   struct Shape {
@@ -126,20 +126,8 @@ TEST(RouteExperts, LogitsTopKAndGatesMatchTheHost) {
   };
   std::mt19937 rng(23);
   std::uniform_real_distribution<float> value(-1.0f, 1.0f);
-  DeviceBuffer<uint32_t> counters(kMaxRoutedTokens + 1);
+  DeviceBuffer<uint32_t> counters(kMaxRoutedTokens);
   EKVA_CUDA_CHECK(cudaMemset(counters.data(), 0, counters.bytes()));
-  // The sorted pairs' buffers, as MoePairs lays them out over 5 * pairs + 2 ints.
-  const auto pair_views = [](DeviceBuffer<int32_t>& ints, DeviceBuffer<float>& gates, int pairs) {
-    MoePairs p;
-    p.token = ints.data();
-    p.expert = ints.data() + pairs;
-    p.token_pairs = ints.data() + 2 * pairs;
-    p.touched = ints.data() + 3 * pairs;
-    p.touched_first = ints.data() + 4 * pairs;
-    p.num_touched = ints.data() + 5 * pairs + 1;
-    p.gate = gates.data();
-    return p;
-  };
   for (const Shape c : {Shape{5, 1000, 60, 4, true}, Shape{kMaxRoutedTokens, 2048, 128, 8, false},
                         Shape{1, 4096, kMinRoutedExperts, 2, true}}) {
     SCOPED_TRACE(::testing::Message() << c.n << " tokens, " << c.experts << " experts");
@@ -151,21 +139,9 @@ TEST(RouteExperts, LogitsTopKAndGatesMatchTheHost) {
     DeviceBuffer<float> logits_d(static_cast<size_t>(c.n) * c.experts);
     DeviceBuffer<int32_t> experts_d(static_cast<size_t>(c.n) * c.top_k);
     DeviceBuffer<float> gates_d(static_cast<size_t>(c.n) * c.top_k);
-    const int pairs = c.n * c.top_k;
-    DeviceBuffer<int32_t> fused_ints(5 * static_cast<size_t>(pairs) + 2),
-        sorted_ints(5 * static_cast<size_t>(pairs) + 2);
-    DeviceBuffer<float> fused_gates(pairs), sorted_gates(pairs);
-    EKVA_CUDA_CHECK(cudaMemset(fused_ints.data(), 0, fused_ints.bytes()));
-    EKVA_CUDA_CHECK(cudaMemset(sorted_ints.data(), 0, sorted_ints.bytes()));
-    const MoePairs fused = pair_views(fused_ints, fused_gates, pairs);
     route_experts(x_d.data(), w_d.data(), c.n, c.hidden, c.experts, c.top_k, c.renormalise,
-                  logits_d.data(), experts_d.data(), gates_d.data(), counters.data(), &fused,
-                  nullptr);
-    sort_pairs(experts_d.data(), gates_d.data(), c.n, c.top_k, c.experts,
-               pair_views(sorted_ints, sorted_gates, pairs), nullptr);
+                  logits_d.data(), experts_d.data(), gates_d.data(), counters.data(), nullptr);
     EKVA_CUDA_CHECK(cudaDeviceSynchronize());
-    EXPECT_EQ(fused_ints.download(), sorted_ints.download());
-    EXPECT_EQ(fused_gates.download(), sorted_gates.download());
     const std::vector<float> logits = logits_d.download();
     const std::vector<int32_t> experts = experts_d.download();
     const std::vector<float> gates = gates_d.download();
@@ -198,13 +174,13 @@ TEST(RouteExperts, LogitsTopKAndGatesMatchTheHost) {
         EXPECT_NEAR(gates[static_cast<size_t>(t) * c.top_k + i], c.renormalise ? p / top : p, 1e-5);
       }
     }
-    EXPECT_EQ(counters.download(), std::vector<uint32_t>(kMaxRoutedTokens + 1, 0));
+    EXPECT_EQ(counters.download(), std::vector<uint32_t>(kMaxRoutedTokens, 0));
   }
   EXPECT_FALSE(route_experts_supported(kMaxRoutedTokens + 1, 1024, 64));
   EXPECT_FALSE(route_experts_supported(1, 1022, 64));
   EXPECT_FALSE(route_experts_supported(1, 1024, kMinRoutedExperts - 1));
   EXPECT_THROW(route_experts(nullptr, nullptr, 1, 1022, 64, 2, true, nullptr, nullptr, nullptr,
-                             nullptr, nullptr, nullptr),
+                             nullptr, nullptr),
                Error);
 }
 
