@@ -33,6 +33,7 @@ struct BenchArgs {
   int steps = 16;
   int warmup = 3;
   std::string hw = "h200";
+  SamplingOptions sampling;  // how each decode step draws its tokens
   bool json = false;
 };
 
@@ -81,8 +82,8 @@ int32_t token_at(const ModelSpec& spec, int seq, int32_t position) {
 }
 
 // One decode step of every sequence at its next position; its wall time (the step ends with each
-// sequence's greedy token on the host, as a greedy server's step does).
-double decode_step(const ModelSpec& spec, Cache& cache) {
+// sequence's token, drawn by `sampler`, on the host, as a server's step does).
+double decode_step(const ModelSpec& spec, Cache& cache, Sampler& sampler) {
   ForwardBatch batch;
   for (int s = 0; s < cache.layout.num_sequences(); ++s) {
     const int32_t position = cache.layout.next_position(s);
@@ -90,8 +91,9 @@ double decode_step(const ModelSpec& spec, Cache& cache) {
   }
   const auto start = Clock::now();
   const StepPlan plan = plan_step(spec, batch, cache.layout);
-  const std::vector<TokenDraw> greedy(plan.logit_rows.size());
-  cache.backend->run_tokens(plan, cache.layout, greedy);
+  std::vector<TokenDraw> draws(plan.logit_rows.size());
+  for (TokenDraw& d : draws) d = sampler.next_draw();
+  cache.backend->run_tokens(plan, cache.layout, draws);
   return seconds_since(start);
 }
 
@@ -106,7 +108,7 @@ nlohmann::json prediction_json(const ModelSpec& spec, const HardwareSpec& hw, co
           {"bytes", model.bytes}};
 }
 
-int run_bench(const BenchArgs& a) {
+int time_on_device(const BenchArgs& a, Sampler& sampler) {
   if (!cuda::device_available()) {
     fail(ErrorKind::kUnsupported, "bench: no CUDA device is present (bench times the GPU engine)");
   }
@@ -131,9 +133,9 @@ int run_bench(const BenchArgs& a) {
             fill.add(1, s, static_cast<int32_t>(context - kept + i));
           plan_step(spec, fill, cache.layout);
         }
-        for (int i = 0; i < a.warmup; ++i) decode_step(spec, cache);
+        for (int i = 0; i < a.warmup; ++i) decode_step(spec, cache, sampler);
         std::vector<double> times;
-        for (int i = 0; i < a.steps; ++i) times.push_back(decode_step(spec, cache));
+        for (int i = 0; i < a.steps; ++i) times.push_back(decode_step(spec, cache, sampler));
         const double step_s = median(times);
         Workload w;
         w.phase = Phase::kDecode;
@@ -196,6 +198,11 @@ int run_bench(const BenchArgs& a) {
                                    {"weight_bytes", weights.bytes},
                                    {"hardware", a.hw},
                                    {"steps", a.steps},
+                                   {"sampling",
+                                    {{"temperature", a.sampling.temperature},
+                                     {"top_k", a.sampling.top_k},
+                                     {"top_p", a.sampling.top_p},
+                                     {"seed", a.sampling.seed}}},
                                    {"decode", decode},
                                    {"prefill", prefill}};
     fmt::print("{}\n", report.dump());
@@ -205,13 +212,18 @@ int run_bench(const BenchArgs& a) {
 
 #else
 
-int run_bench(const BenchArgs&) {
+int time_on_device(const BenchArgs&, Sampler&) {
   fail(ErrorKind::kUnsupported,
        "bench times the GPU engine; this ekva was built without the CUDA backend (configure with "
        "-DEKVA_CUDA=ON where nvcc is installed)");
 }
 
 #endif
+
+int run_bench(const BenchArgs& a) {
+  Sampler sampler(a.sampling);  // bad sampling values fail before any device work
+  return time_on_device(a, sampler);
+}
 
 }  // namespace
 
@@ -245,6 +257,7 @@ void add_bench(CLI::App& app, Action& action) {
       ->capture_default_str();
   cmd->add_option("--hw", a->hw, "Hardware of the Roofline prediction (ekva roofline --list-hw)")
       ->capture_default_str();
+  add_sampling_options(cmd, a->sampling);
   cmd->add_flag("--json", a->json, "Print one JSON object");
   cmd->callback([&action, a] { action = [a] { return run_bench(*a); }; });
 }

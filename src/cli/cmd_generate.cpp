@@ -7,6 +7,7 @@
 
 #include "cli/commands.h"
 #include "cli/device_args.h"
+#include "cli/model_args.h"
 #include "cli/policy_args.h"
 #include "core/error.h"
 #include "engine/generate.h"
@@ -20,10 +21,7 @@ struct GenerateArgs {
   std::string ids;
   std::string prompt;
   int max_new_tokens = 32;
-  float temperature = 0.0f;
-  int top_k = 0;
-  float top_p = 1.0f;
-  uint64_t seed = 0;
+  SamplingOptions sampling;
   bool json = false;
   PolicyArgs kv;
   DeviceArgs device;
@@ -76,7 +74,7 @@ int run_generate(const GenerateArgs& a) {
   Engine engine(*model, engine_options, make_policy_options(a.kv, s));
   GenerateOptions options;
   options.max_new_tokens = a.max_new_tokens;
-  options.sampling = SamplingOptions{a.temperature, a.top_k, a.top_p, a.seed};
+  options.sampling = a.sampling;
   const GenerateResult r = generate(engine, prompt, options);
   const double prefill_tps = r.prefill_seconds > 0 ? r.prefill_tokens / r.prefill_seconds : 0.0;
   const double decode_tps = r.decode_seconds > 0 ? r.decode_steps / r.decode_seconds : 0.0;
@@ -131,12 +129,7 @@ void add_generate(CLI::App& app, Action& action) {
   ids->excludes(prompt);
   cmd->add_option("--max-new-tokens", a->max_new_tokens, "Tokens to generate at most")
       ->capture_default_str();
-  cmd->add_option("--temperature", a->temperature, "Sampling temperature; 0 = greedy")
-      ->capture_default_str();
-  cmd->add_option("--top-k", a->top_k, "Keep the k most likely tokens; 0 = all")
-      ->capture_default_str();
-  cmd->add_option("--top-p", a->top_p, "Nucleus sampling mass")->capture_default_str();
-  cmd->add_option("--seed", a->seed, "Random seed for sampling")->capture_default_str();
+  add_sampling_options(cmd, a->sampling);
   cmd->add_flag("--json", a->json, "Print one JSON object with tokens, stats and KV use");
   add_policy_options(cmd, a->kv);
   add_device_option(cmd, a->device);

@@ -63,4 +63,13 @@ DeviceWeights weights_on_device(const ModelArgs& args, size_t /*reserve_bytes*/)
 
 #endif
 
+void add_sampling_options(CLI::App* cmd, SamplingOptions& sampling) {
+  cmd->add_option("--temperature", sampling.temperature, "Sampling temperature; 0 = greedy")
+      ->capture_default_str();
+  cmd->add_option("--top-k", sampling.top_k, "Keep the k most likely tokens; 0 = all")
+      ->capture_default_str();
+  cmd->add_option("--top-p", sampling.top_p, "Nucleus sampling mass")->capture_default_str();
+  cmd->add_option("--seed", sampling.seed, "Random seed for sampling")->capture_default_str();
+}
+
 }  // namespace ekva::cli

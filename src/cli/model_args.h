@@ -10,6 +10,7 @@
 #include <string>
 
 #include "backend/backend.h"
+#include "engine/generate.h"
 #include "model/model.h"
 
 namespace ekva::cli {
@@ -21,6 +22,8 @@ struct ModelArgs {
 
 // Adds --model (required, described by model_help) and --random-weights SEED.
 void add_model_options(CLI::App* cmd, ModelArgs& args, const std::string& model_help);
+// --temperature, --top-k, --top-p and --seed (generate's sampling; Sampler checks the values).
+void add_sampling_options(CLI::App* cmd, SamplingOptions& sampling);
 
 // A model whose weights are on the GPU, uploaded or made once for every engine of a command.
 struct DeviceWeights {

@@ -102,6 +102,18 @@ TEST_F(Cli, SeededSamplingIsReproducible) {
   EXPECT_EQ(nlohmann::json::parse(a.out)["tokens"], nlohmann::json::parse(b.out)["tokens"]);
 }
 
+// bench draws its decode tokens as generate does; bad values fail before the device is needed.
+TEST_F(Cli, BenchTakesGeneratesSamplingOptions) {
+  const CommandResult help = ekva("bench --help");
+  ASSERT_EQ(help.code, 0);
+  for (const char* option : {"--temperature", "--top-k", "--top-p", "--seed"}) {
+    EXPECT_NE(help.out.find(option), std::string::npos) << option;
+  }
+  const CommandResult r = ekva("bench --model " + kTinyMixtral + " --temperature -1");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("temperature"), std::string::npos) << r.out;
+}
+
 TEST_F(Cli, TruncatedCheckpointFailsClearly) {
   const CommandResult r = ekva("info --model " + truncated_model(5000).string());
   EXPECT_EQ(r.code, 1);
