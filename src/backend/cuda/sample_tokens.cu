@@ -19,10 +19,10 @@ namespace ekva::cuda {
 namespace {
 
 constexpr int kSelectThreads = 1024;
-// Weight buckets: kBucketsPerNat per unit of log-weight below the best candidate's, the last one
-// open-ended. A bucket holds candidates of strictly higher logits than any later bucket's.
+// Buckets of equal width between the row's largest and smallest logits: a bucket holds candidates
+// of strictly higher logits than any later bucket's, and however narrow the logits' spread (random
+// weights give nearly equal ones) the kept prefix stays close to what the draw needs.
 constexpr int kBuckets = 2048;
-constexpr float kBucketsPerNat = 16.0f;
 // The bound keeps every candidate whose better candidates weigh at most this much more than the
 // draw can need: the buckets' float sums are off by far less.
 constexpr double kMassMargin = 1.05;
@@ -61,7 +61,10 @@ __global__ void __launch_bounds__(kSelectThreads)
                              double* totals) {
   follow_prior_grid();
   using Reduce = cub::BlockReduce<double, kSelectThreads>;
+  using ReduceMin = cub::BlockReduce<float, kSelectThreads>;
   __shared__ typename Reduce::TempStorage reduce;
+  __shared__ typename ReduceMin::TempStorage reduce_min;
+  __shared__ float lowest;
   __shared__ float bucket_mass[kBuckets];
   __shared__ int bucket_count[kBuckets];
   __shared__ int last_bucket;
@@ -76,13 +79,19 @@ __global__ void __launch_bounds__(kSelectThreads)
   }
   const float* x = logits + base;
   const double mx = x[tokens[row]], temperature = d.temperature;
+  float mn = x[0];
   for (int b = threadIdx.x; b < kBuckets; b += blockDim.x) {
     bucket_mass[b] = 0.0f;
     bucket_count[b] = 0;
   }
+  for (int i = threadIdx.x; i < vocab; i += blockDim.x) mn = fminf(mn, x[i]);
+  mn = ReduceMin(reduce_min).Reduce(mn, ::cuda::minimum<>{});
+  if (threadIdx.x == 0) lowest = mn;
   __syncthreads();
+  const double spread = mx - lowest;
+  const float scale = spread > 0.0 ? static_cast<float>((kBuckets - 1) / spread) : 0.0f;
   const auto bucket_of = [&](float logit) {
-    const float below = static_cast<float>((mx - logit) / temperature) * kBucketsPerNat;
+    const float below = static_cast<float>(mx - logit) * scale;
     return below < kBuckets - 1 ? static_cast<int>(below) : kBuckets - 1;
   };
   double total = 0.0;
