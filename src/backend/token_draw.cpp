@@ -14,6 +14,21 @@ int32_t draw_token(const float* logits, int vocab, const TokenDraw& draw) {
   if (draw.temperature <= 0.0f) {
     return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
   }
+  const double mx = *std::max_element(logits, logits + vocab);
+  const auto id_weight = [&](int i) {
+    return std::exp((static_cast<double>(logits[i]) - mx) / draw.temperature);
+  };
+  if ((draw.top_k <= 0 || draw.top_k >= vocab) && draw.top_p >= 1.0f) {
+    double total = 0.0;
+    for (int i = 0; i < vocab; ++i) total += id_weight(i);
+    const double target = draw.u * total;
+    double running = 0.0;
+    for (int i = 0; i < vocab; ++i) {
+      running += id_weight(i);
+      if (running > target) return i;
+    }
+    return vocab - 1;  // u * total rounded up to the total
+  }
   // Only as many candidates as the draw reaches are put in order, a stretch at a time (each twice
   // the last), since a full sort of the vocabulary costs milliseconds per token.
   const auto better = [logits](int32_t a, int32_t b) {
@@ -32,7 +47,6 @@ int32_t draw_token(const float* logits, int vocab, const TokenDraw& draw) {
     ordered = end;
     stretch *= 2;
   };
-  const double mx = *std::max_element(logits, logits + vocab);
   const auto weight = [&](size_t i) {
     return std::exp((static_cast<double>(logits[ids[i]]) - mx) / draw.temperature);
   };

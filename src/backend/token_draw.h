@@ -8,7 +8,9 @@ namespace ekva {
 // Greedy at temperature 0 (the lowest id among the largest logits). Otherwise the candidates best
 // first (higher logit, then lower id), cut to top_k and then to the shortest prefix whose
 // probability reaches top_p, weighted exp((logit - max) / temperature) in double precision; the
-// token is the first candidate whose running weight exceeds u times their total.
+// token is the first candidate whose running weight exceeds u times their total. A draw with
+// neither cut walks the candidates in id order instead: the same distribution, with nothing to
+// sort.
 struct TokenDraw {
   float temperature = 0.0f;  // <= 0: greedy
   int top_k = 0;             // 0: off

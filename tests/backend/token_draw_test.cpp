@@ -21,19 +21,25 @@ TEST(DrawToken, NamesTheFirstEntryThatIsNotFinite) {
   EXPECT_EQ(draw_token(logits.data(), 4, TokenDraw{1.0f, 0, 1.0f, 0.5}), -1 - 2);
 }
 
-// Candidates best first: ids 1 and 2 (logit 3, the lower id first), 0 (logit 1), 3 (logit 0),
-// weighted 1, 1, e^-2, e^-3 at temperature 1; u picks by where u times their total falls.
-TEST(DrawToken, InverseTransformOverTheCandidatesBestFirst) {
+// Weights 1, 1, e^-2, e^-3 at temperature 1 for ids 1 and 2 (logit 3), 0 (logit 1) and 3 (logit
+// 0); u picks by where u times the kept candidates' total falls: in id order without cuts, best
+// first (the lower id first among equal logits) with them.
+TEST(DrawToken, InverseTransformOverTheCandidates) {
   const std::vector<float> logits = {1.0f, 3.0f, 3.0f, 0.0f};
   const double mass = 2.0 + std::exp(-2.0) + std::exp(-3.0);
   const auto draw = [&](double u, int top_k = 0, float top_p = 1.0f) {
     return draw_token(logits.data(), 4, TokenDraw{1.0f, top_k, top_p, u});
   };
-  EXPECT_EQ(draw(0.0), 1);
-  EXPECT_EQ(draw(0.99 / mass), 1);
-  EXPECT_EQ(draw(1.01 / mass), 2);
-  EXPECT_EQ(draw(2.01 / mass), 0);
+  EXPECT_EQ(draw(0.0), 0);
+  EXPECT_EQ(draw(0.99 * std::exp(-2.0) / mass), 0);
+  EXPECT_EQ(draw((std::exp(-2.0) + 0.5) / mass), 1);
+  EXPECT_EQ(draw((std::exp(-2.0) + 1.5) / mass), 2);
   EXPECT_EQ(draw(0.999999), 3);
+  EXPECT_EQ(draw(0.999999, 4), 3);  // a top-k of the whole vocabulary is no cut
+  // Top-k 3 keeps ids 1, 2 and 0, in that order.
+  EXPECT_EQ(draw(0.0, 3), 1);
+  EXPECT_EQ(draw(1.01 / (2.0 + std::exp(-2.0)), 3), 2);
+  EXPECT_EQ(draw(0.999999, 3), 0);
   // Top-k 2 keeps ids 1 and 2, each half of their total.
   EXPECT_EQ(draw(0.49, 2), 1);
   EXPECT_EQ(draw(0.51, 2), 2);

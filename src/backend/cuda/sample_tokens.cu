@@ -1,5 +1,6 @@
-// Tokens drawn where the logits are (draw_token's definition). A row's draw reaches only a prefix
-// of its candidates best first: the top-k, or those before the top-p cut or the drawn token. One
+// Tokens drawn where the logits are (draw_token's definition). A draw without cuts walks its row
+// in id order; one with cuts reaches only a prefix of its candidates best first: the top-k, or
+// those before the top-p cut or the drawn token. One
 // CTA per row bounds that prefix from a histogram of the weights and keeps the candidates above the
 // bound, a segmented sort orders them, and one CTA per row walks them.
 #include <algorithm>
@@ -50,6 +51,10 @@ __device__ __forceinline__ int candidate_id(uint64_t key) {
 // The draw's top-k, 0 when it keeps every candidate.
 __device__ __forceinline__ int kept_top_k(const TokenDraw& d, int vocab) {
   return d.top_k > 0 && d.top_k < vocab ? d.top_k : 0;
+}
+// Without top-k or top-p the draw walks the row in id order (draw_token): nothing to sort.
+__device__ __forceinline__ bool walks_in_id_order(const TokenDraw& d, int vocab) {
+  return kept_top_k(d, vocab) == 0 && d.top_p >= 1.0f;
 }
 
 // One CTA per row (sampled rows only: others get no candidates). Writes the kept candidates' keys
@@ -103,6 +108,13 @@ __global__ void __launch_bounds__(kSelectThreads)
     atomicAdd(&bucket_count[b], 1);
   }
   total = Reduce(reduce).Sum(total);
+  if (walks_in_id_order(d, vocab)) {
+    if (threadIdx.x == 0) {
+      totals[row] = total;
+      ends[row] = static_cast<int32_t>(base);
+    }
+    return;
+  }
   if (threadIdx.x == 0) {
     totals[row] = total;
     // The last bucket kept: the one that completes the top-k, or without top-k the first whose
@@ -130,8 +142,8 @@ __global__ void __launch_bounds__(kSelectThreads)
 
 // One pass over candidates [0, count) in order: the first i whose running weight (inclusive)
 // meets `reached`, or INT_MAX with *total the weight of all of them.
-template <typename Reached>
-__device__ int first_reaching(const uint64_t* keys, int count, double mx, double temperature,
+template <typename LogitAt, typename Reached>
+__device__ int first_reaching(LogitAt logit_at, int count, double mx, double temperature,
                               Reached reached, double* total) {
   using Scan = cub::BlockScan<double, kDrawThreads>;
   using Reduce = cub::BlockReduce<int, kDrawThreads>;
@@ -145,9 +157,8 @@ __device__ int first_reaching(const uint64_t* keys, int count, double mx, double
     double local = 0.0;
 #pragma unroll
     for (int j = 0; j < kDrawItems; ++j) {
-      w[j] = first + j < count
-                 ? exp((static_cast<double>(candidate_logit(keys[first + j])) - mx) / temperature)
-                 : 0.0;
+      w[j] = first + j < count ? exp((static_cast<double>(logit_at(first + j)) - mx) / temperature)
+                               : 0.0;
       local += w[j];
     }
     double before, chunk;
@@ -172,42 +183,56 @@ __device__ int first_reaching(const uint64_t* keys, int count, double mx, double
 }
 
 // The running weight of candidates [0, count) in order, summed as first_reaching sums them.
-__device__ double weight_through(const uint64_t* keys, int count, double mx, double temperature) {
+template <typename LogitAt>
+__device__ double weight_through(LogitAt logit_at, int count, double mx, double temperature) {
   double total = 0.0;
   first_reaching(
-      keys, count, mx, temperature, [](double) { return false; }, &total);
+      logit_at, count, mx, temperature, [](double) { return false; }, &total);
   return total;
 }
 
-// One CTA per row over its kept candidates, best first.
+// One CTA per row over its kept candidates best first, or over the row in id order.
 __global__ void __launch_bounds__(kDrawThreads)
-    draw_kernel(const uint64_t* keys, const int32_t* begins, const int32_t* ends,
-                const double* totals, int vocab, const TokenDraw* draws, int32_t* tokens) {
+    draw_kernel(const float* logits, const uint64_t* keys, const int32_t* begins,
+                const int32_t* ends, const double* totals, int vocab, const TokenDraw* draws,
+                int32_t* tokens) {
   follow_prior_grid();
   const int row = blockIdx.x;
   const TokenDraw d = draws[row];
   if (d.temperature <= 0.0f || tokens[row] < 0) return;
+  const double temperature = d.temperature;
+  if (walks_in_id_order(d, vocab)) {
+    const float* x = logits + static_cast<int64_t>(row) * vocab;
+    const double target = d.u * totals[row];
+    double unused = 0.0;
+    const int pick = first_reaching([x](int i) { return x[i]; }, vocab, x[tokens[row]], temperature,
+                                    [=](double running) { return running > target; }, &unused);
+    if (threadIdx.x == 0) tokens[row] = pick == INT_MAX ? vocab - 1 : pick;
+    return;
+  }
   const uint64_t* k = keys + begins[row];
+  const auto logit_at = [k](int i) { return candidate_logit(k[i]); };
   const int count = ends[row] - begins[row];
-  const double mx = candidate_logit(k[0]), temperature = d.temperature;
+  const double mx = candidate_logit(k[0]);
   const int top_k = kept_top_k(d, vocab);
   int keep = top_k > 0 ? min(top_k, count) : count;
   // Without top-k the candidates kept stop where the draw stops; their weight is the row's.
-  double mass = top_k > 0 ? weight_through(k, keep, mx, temperature) : totals[row];
+  double mass = top_k > 0 ? weight_through(logit_at, keep, mx, temperature) : totals[row];
   if (d.top_p < 1.0f) {
     const double p = d.top_p, sum = mass;
     double unused = 0.0;
     const int cut = first_reaching(
-        k, keep, mx, temperature, [=](double running) { return running / sum >= p; }, &unused);
+        logit_at, keep, mx, temperature, [=](double running) { return running / sum >= p; },
+        &unused);
     if (cut != INT_MAX) {
       keep = cut + 1;
-      mass = weight_through(k, keep, mx, temperature);
+      mass = weight_through(logit_at, keep, mx, temperature);
     }
   }
   const double target = d.u * mass;
   double unused = 0.0;
   const int pick = first_reaching(
-      k, keep, mx, temperature, [=](double running) { return running > target; }, &unused);
+      logit_at, keep, mx, temperature, [=](double running) { return running > target; }, &unused);
   if (threadIdx.x == 0) tokens[row] = candidate_id(k[pick == INT_MAX ? keep - 1 : pick]);
 }
 
@@ -277,8 +302,8 @@ void sample_tokens(const float* logits, int rows, int vocab, const TokenDraw* dr
   EKVA_CUDA_CHECK(cub::DeviceSegmentedSort::SortKeysDescending(
       b.temp, b.temp_bytes, b.keys_in, b.keys_out, static_cast<int64_t>(rows) * vocab, rows,
       b.begins, b.ends, stream));
-  launch_overlapping(draw_kernel, dim3(rows), dim3(kDrawThreads), 0, stream, b.keys_out, b.begins,
-                     b.ends, b.totals, vocab, draws, tokens);
+  launch_overlapping(draw_kernel, dim3(rows), dim3(kDrawThreads), 0, stream, logits, b.keys_out,
+                     b.begins, b.ends, b.totals, vocab, draws, tokens);
 }
 
 }  // namespace ekva::cuda
