@@ -47,9 +47,7 @@ int32_t draw_token(const float* logits, int vocab, const TokenDraw& draw) {
     ordered = end;
     stretch *= 2;
   };
-  const auto weight = [&](size_t i) {
-    return std::exp((static_cast<double>(logits[ids[i]]) - mx) / draw.temperature);
-  };
+  const auto weight = [&](size_t i) { return id_weight(ids[i]); };
   double mass = 0.0;
   for (size_t i = 0; i < keep; ++i) mass += weight(i);
   if (draw.top_p < 1.0f) {
