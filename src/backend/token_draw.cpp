@@ -5,7 +5,23 @@
 #include <numeric>
 #include <vector>
 
+#include "core/error.h"
+
 namespace ekva {
+
+void check_draw(const TokenDraw& draw) {
+  if (!std::isfinite(draw.temperature) || draw.temperature < 0.0f) {
+    fail(ErrorKind::kInvalidArgument, "temperature must be a finite number >= 0, got {}",
+         draw.temperature);
+  }
+  if (!(draw.top_p > 0.0f && draw.top_p <= 1.0f)) {
+    fail(ErrorKind::kInvalidArgument, "top-p must be in (0, 1], got {}", draw.top_p);
+  }
+  if (draw.top_k < 0) fail(ErrorKind::kInvalidArgument, "top-k must be >= 0, got {}", draw.top_k);
+  if (!(draw.u >= 0.0 && draw.u < 1.0)) {
+    fail(ErrorKind::kInvalidArgument, "a draw's u must be in [0, 1), got {}", draw.u);
+  }
+}
 
 int32_t draw_token(const float* logits, int vocab, const TokenDraw& draw) {
   const float* bad =

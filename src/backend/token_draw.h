@@ -18,6 +18,10 @@ struct TokenDraw {
   double u = 0.0;            // uniform in [0, 1)
 };
 
+// Throws kInvalidArgument naming the field of a draw outside its range (a finite temperature >= 0,
+// top-k >= 0, top-p in (0, 1], u in [0, 1)).
+void check_draw(const TokenDraw& draw);
+
 // The token of one row of logits under `draw`, or -1 - e when entry e is the row's first that is
 // not finite.
 int32_t draw_token(const float* logits, int vocab, const TokenDraw& draw);

@@ -220,6 +220,7 @@ std::vector<int32_t> Engine::decode_tokens(std::span<const int> seqs,
     fail(ErrorKind::kInvalidArgument, "decode: {} sequences but {} draws", seqs.size(),
          draws.size());
   }
+  for (const TokenDraw& d : draws) check_draw(d);
   std::vector<int32_t> next;
   decode_step(seqs, tokens, [&](const ForwardBatch& batch) {
     const StepPlan plan = plan_step(model_->spec(), batch, layout_);

@@ -2,22 +2,13 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 
 #include "core/error.h"
 
 namespace ekva {
 
 Sampler::Sampler(const SamplingOptions& options) : options_(options), rng_(options.seed) {
-  if (!std::isfinite(options.temperature) || options.temperature < 0.0f) {
-    fail(ErrorKind::kInvalidArgument, "temperature must be a finite number >= 0, got {}",
-         options.temperature);
-  }
-  if (!(options.top_p > 0.0f && options.top_p <= 1.0f)) {
-    fail(ErrorKind::kInvalidArgument, "top-p must be in (0, 1], got {}", options.top_p);
-  }
-  if (options.top_k < 0)
-    fail(ErrorKind::kInvalidArgument, "top-k must be >= 0, got {}", options.top_k);
+  check_draw(TokenDraw{options.temperature, options.top_k, options.top_p, 0.0});
 }
 
 TokenDraw Sampler::next_draw() {

@@ -4,7 +4,10 @@
 
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
+
+#include "core/error.h"
 
 namespace ekva {
 namespace {
@@ -51,6 +54,24 @@ TEST(DrawToken, InverseTransformOverTheCandidates) {
   EXPECT_EQ(draw(0.999999, 0, 0.1f), 1);
   // A high temperature flattens the weights toward equal shares.
   EXPECT_EQ(draw_token(logits.data(), 4, TokenDraw{1e6f, 0, 1.0f, 0.76}), 3);
+}
+
+TEST(DrawToken, CheckNamesTheFieldOutOfRange) {
+  EXPECT_NO_THROW(check_draw(TokenDraw{0.7f, 40, 0.9f, 0.5}));
+  const auto message = [](const TokenDraw& d) {
+    try {
+      check_draw(d);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(message(TokenDraw{-1.0f, 0, 1.0f, 0.0}).find("temperature"), std::string::npos);
+  EXPECT_NE(message(TokenDraw{std::nanf(""), 0, 1.0f, 0.0}).find("temperature"), std::string::npos);
+  EXPECT_NE(message(TokenDraw{1.0f, -3, 1.0f, 0.0}).find("top-k"), std::string::npos);
+  EXPECT_NE(message(TokenDraw{1.0f, 0, 0.0f, 0.0}).find("top-p"), std::string::npos);
+  EXPECT_NE(message(TokenDraw{1.0f, 0, 1.0f, 1.0}).find("u must"), std::string::npos);
+  EXPECT_NE(message(TokenDraw{1.0f, 0, 1.0f, -0.1}).find("u must"), std::string::npos);
 }
 
 }  // namespace

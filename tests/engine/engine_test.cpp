@@ -236,6 +236,11 @@ TEST(Engine, DecodeTokensDrawFromTheLogitsOfDecode) {
   for (int step = 0; step < 8; ++step) {
     const std::vector<TokenDraw> draws = {
         TokenDraw{}, TokenDraw{0.9f, 20, 0.95f, std::uniform_real_distribution<double>()(rng)}};
+    if (step == 0) {  // a draw out of range is refused before the step changes anything
+      const std::vector<TokenDraw> bad = {TokenDraw{}, TokenDraw{0.9f, 20, 1.5f, 0.5}};
+      EXPECT_THROW(drawn.decode_tokens(seqs, tokens, bad), Error);
+      EXPECT_EQ(drawn.layout().next_position(0), 0);
+    }
     const std::vector<float> logits = with_logits.decode(seqs, tokens);
     const std::vector<int32_t> got = drawn.decode_tokens(seqs, tokens, draws);
     ASSERT_EQ(got.size(), seqs.size());

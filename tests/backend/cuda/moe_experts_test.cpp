@@ -30,6 +30,19 @@ std::vector<uint16_t> random_bf16(size_t count, std::mt19937& rng) {
   return x;
 }
 
+// MoePairs over ints [5 * pairs + 2] and gates [pairs], laid out as the backend lays them.
+MoePairs pair_views(DeviceBuffer<int32_t>& ints, DeviceBuffer<float>& gates, int pairs) {
+  MoePairs p;
+  p.token = ints.data();
+  p.expert = ints.data() + pairs;
+  p.token_pairs = ints.data() + 2 * pairs;
+  p.touched = ints.data() + 3 * pairs;
+  p.touched_first = ints.data() + 4 * pairs;
+  p.num_touched = ints.data() + 5 * pairs + 1;
+  p.gate = gates.data();
+  return p;
+}
+
 // The order MoePairs promises, built here by a stable sort of the pairs by expert.
 void expect_sorted_like_reference(const std::vector<int32_t>& experts,
                                   const std::vector<float>& gates, const Case& c,
@@ -99,14 +112,7 @@ void run_case(const Case& c, uint32_t seed) {
   DeviceBuffer<float> gates_device{std::span<const float>(gates)};
   DeviceBuffer<int32_t> ints(5 * static_cast<size_t>(pairs) + 2);
   DeviceBuffer<float> pair_gates(pairs);
-  MoePairs p;
-  p.token = ints.data();
-  p.expert = ints.data() + pairs;
-  p.token_pairs = ints.data() + 2 * pairs;
-  p.touched = ints.data() + 3 * pairs;
-  p.touched_first = ints.data() + 4 * pairs;
-  p.num_touched = ints.data() + 5 * pairs + 1;
-  p.gate = pair_gates.data();
+  const MoePairs p = pair_views(ints, pair_gates, pairs);
   sort_pairs(experts_device.data(), gates_device.data(), c.tokens, c.top_k, c.num_experts, p,
              nullptr);
   expect_sorted_like_reference(experts, gates, c, ints.download(), pair_gates.download());
@@ -209,14 +215,7 @@ TEST_F(GroupedGemmTest, OneTokenSwigluAndCombinedProducts) {
     DeviceBuffer<float> gates_d{std::span<const float>(gates)};
     DeviceBuffer<int32_t> ints(5 * static_cast<size_t>(top_k) + 2);
     DeviceBuffer<float> pair_gates(top_k);
-    MoePairs p;
-    p.token = ints.data();
-    p.expert = ints.data() + top_k;
-    p.token_pairs = ints.data() + 2 * top_k;
-    p.touched = ints.data() + 3 * top_k;
-    p.touched_first = ints.data() + 4 * top_k;
-    p.num_touched = ints.data() + 5 * top_k + 1;
-    p.gate = pair_gates.data();
+    const MoePairs p = pair_views(ints, pair_gates, top_k);
     sort_pairs(experts_d.data(), gates_d.data(), 1, top_k, kExperts, p, nullptr);
     DeviceBuffer<uint16_t> h(static_cast<size_t>(top_k) * kInter);
     DeviceBuffer<float> out(kHidden);
