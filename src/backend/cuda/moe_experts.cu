@@ -222,20 +222,26 @@ __global__ void __launch_bounds__(kWarps * 32)
 }
 
 // A product whose groups have one input row each (batch-1 decode) is a GEMV, bound by the weight
-// bytes in flight: each warp streams kGemvRowsPerWarp consecutive output rows' weights with
-// 16-byte loads straight into registers, kGemvDepth column steps of all of them issued before any
-// is used. When the rows are too few to keep enough warps reading, `split` warps of a CTA share
-// each row set, each reading every slices-th 512-byte stretch of its group's rows, and add up in
-// shared memory: nothing is zeroed or added atomically.
+// bytes in flight: each warp streams the weights of kWarpRows consecutive output rows (gate and up
+// rows for a SwiGLU output) with 16-byte loads straight into registers, kGemvLoads of them per
+// lane issued before any is used. One row per warp keeps enough warps reading with no long last
+// wave; rows too short for a lane's loads go two to a warp. When the rows are too few to keep
+// enough warps reading, `split` warps of a CTA share each row set, each reading every slices-th
+// stretch of it, and add up in shared memory: nothing is zeroed or added atomically.
 constexpr int kGemvWarps = 8;
-constexpr int kGemvRowsPerWarp = 4;
-constexpr int kGemvDepth = 2;
+constexpr int kGemvLoads = 8;
 
 enum class GemvOutput {
   kOutputRows,  // g.out (output_address)
   kSwiglu,      // g.swiglu_out: bf16(silu(gate) * up) of the two halves of the weight rows
   kCombine,     // g.out row 0: the token's pairs gated and summed in ascending expert order
 };
+
+// Weight rows per output row, and column steps in flight for kWarpRows output rows per warp.
+template <GemvOutput kOutput>
+constexpr int kGemvHalves = kOutput == GemvOutput::kSwiglu ? 2 : 1;
+template <GemvOutput kOutput, int kWarpRows>
+constexpr int kGemvDepth = kGemvLoads / (kGemvHalves<kOutput> * kWarpRows);
 
 struct GemvLaunch {
   GroupedGemm g;
@@ -257,13 +263,13 @@ __device__ __forceinline__ float dot8(uint4 w, uint4 x, float acc) {
   return acc;
 }
 
-// grid: (row tiles of kGemvWarps / split * kGemvRowsPerWarp output rows, groups; kCombine: 1);
-// launched overlapping the kernel before it. A dense product's weights do not depend on that
-// kernel, so its first column steps are fetched into L2 before waiting for it.
-template <GemvOutput kOutput>
+// grid: (row tiles of kGemvWarps / split * kWarpRows output rows, groups; kCombine: 1); launched
+// overlapping the kernel before it. A dense product's weights do not depend on that kernel, so
+// its first column steps are fetched into L2 before waiting for it.
+template <GemvOutput kOutput, int kWarpRows>
 __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(const GemvLaunch launch) {
-  constexpr int R = kGemvRowsPerWarp;
-  constexpr int kWeightRows = kOutput == GemvOutput::kSwiglu ? 2 * R : R;
+  constexpr int kWeightRows = kGemvHalves<kOutput> * kWarpRows;
+  constexpr int kDepth = kGemvDepth<kOutput, kWarpRows>;
   const GroupedGemm& g = launch.g;
   const MoePairs& p = launch.p;
   const int split = launch.split;
@@ -274,16 +280,16 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(const GemvLaunch 
   const int group = kOutput == GemvOutput::kCombine ? part / slices : blockIdx.y;
   const int slice = part % slices;
   const int out_rows = kOutput == GemvOutput::kSwiglu ? g.out_rows / 2 : g.out_rows;
-  const int row0 = blockIdx.x * (kGemvWarps / split * R) + warp / split * R;
+  const int row0 = (blockIdx.x * (kGemvWarps / split) + warp / split) * kWarpRows;
   const int vectors = g.in_cols / 8;
   const int stride = 32 * slices;  // vectors between a lane's consecutive loads of a row
   // Weight row k of the warp; rows past the end read the last row and are not written.
   const auto weight_row = [&](int k) {
-    const int r = min(row0 + k % R, out_rows - 1);
-    return k < R ? r : out_rows + r;
+    const int r = min(row0 + k % kWarpRows, out_rows - 1);
+    return k < kWarpRows ? r : out_rows + r;
   };
   if (dense && slice == 0 && lane < kWeightRows) {
-    const int ahead = min(vectors, stride * kGemvDepth) * 16;
+    const int ahead = min(vectors, stride * kDepth) * 16;
     prefetch_l2(g.dense + static_cast<int64_t>(weight_row(lane)) * g.in_cols, ahead);
   }
   follow_prior_grid();
@@ -298,10 +304,10 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(const GemvLaunch 
     rows[k] = reinterpret_cast<const uint4*>(w + static_cast<int64_t>(weight_row(k)) * g.in_cols);
   }
   float acc[kWeightRows] = {};
-  for (int base = slice * 32 + lane; base < vectors; base += stride * kGemvDepth) {
-    uint4 wv[kGemvDepth][kWeightRows], xv[kGemvDepth];
+  for (int base = slice * 32 + lane; base < vectors; base += stride * kDepth) {
+    uint4 wv[kDepth][kWeightRows], xv[kDepth];
 #pragma unroll
-    for (int d = 0; d < kGemvDepth; ++d) {
+    for (int d = 0; d < kDepth; ++d) {
       const int v = base + stride * d;
       const bool valid = v < vectors;
       xv[d] = valid ? __ldg(x + v) : make_uint4(0, 0, 0, 0);
@@ -311,7 +317,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(const GemvLaunch 
       }
     }
 #pragma unroll
-    for (int d = 0; d < kGemvDepth; ++d) {
+    for (int d = 0; d < kDepth; ++d) {
 #pragma unroll
       for (int k = 0; k < kWeightRows; ++k) acc[k] = dot8(wv[d][k], xv[d], acc[k]);
     }
@@ -329,7 +335,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(const GemvLaunch 
     for (int k = 0; k < kWeightRows; ++k) partial[warp][k] = acc[k];
   }
   __syncthreads();
-  if (part != 0 || lane >= R || row0 + lane >= out_rows) return;
+  if (part != 0 || lane >= kWarpRows || row0 + lane >= out_rows) return;
   const int row = row0 + lane;
   // A group's sum over its slices, in slice order.
   const auto sum = [&](int first_warp, int k) {
@@ -340,7 +346,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(const GemvLaunch 
   if constexpr (kOutput == GemvOutput::kOutputRows) {
     *output_address(g, first, 1, 0, row) = sum(warp, lane);
   } else if constexpr (kOutput == GemvOutput::kSwiglu) {
-    const float gate = sum(warp, lane), up = sum(warp, R + lane);
+    const float gate = sum(warp, lane), up = sum(warp, kWarpRows + lane);
     g.swiglu_out[static_cast<int64_t>(first) * out_rows + row] =
         to_bf16_bits(gate / (1.0f + expf(-gate)) * up);
   } else {
@@ -357,27 +363,36 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(const GemvLaunch 
 
 int multiprocessors();
 
-// Launches gemv_kernel with as many warps per row set as keep about 48 warps per multiprocessor
-// reading, each lane keeping at least two 16-byte loads per row; kCombine's sets hold one warp
-// group per pair, `groups` of them.
+// Launches gemv_kernel with one output row per warp where a row holds a column step of every
+// lane's loads (else two), and as many warps per row set as keep about 48 warps per
+// multiprocessor reading while each still reads a whole column step; kCombine's row sets hold one
+// warp group per pair, `groups` of them.
 template <GemvOutput kOutput>
 void launch_gemv(const GroupedGemm& g, const MoePairs& pairs, int groups, int disabled_expert,
                  cudaStream_t stream) {
-  const bool combine = kOutput == GemvOutput::kCombine;
-  const int out_rows = kOutput == GemvOutput::kSwiglu ? g.out_rows / 2 : g.out_rows;
-  const int64_t warps =
-      static_cast<int64_t>(groups) * ((out_rows + kGemvRowsPerWarp - 1) / kGemvRowsPerWarp);
-  int slices = 1;
-  while ((combine ? groups : 1) * slices * 2 <= kGemvWarps &&
-         warps * slices < 48 * multiprocessors() && g.in_cols / 8 >= 64 * 2 * slices) {
-    slices *= 2;
+  const auto launch_rows = [&](auto rows) {
+    constexpr int kWarpRows = decltype(rows)::value;
+    constexpr int kDepth = kGemvDepth<kOutput, kWarpRows>;
+    const bool combine = kOutput == GemvOutput::kCombine;
+    const int out_rows = kOutput == GemvOutput::kSwiglu ? g.out_rows / 2 : g.out_rows;
+    const int64_t warps = static_cast<int64_t>(groups) * ((out_rows + kWarpRows - 1) / kWarpRows);
+    int slices = 1;
+    while ((combine ? groups : 1) * slices * 2 <= kGemvWarps &&
+           warps * slices < 48 * multiprocessors() && g.in_cols / 8 >= 32 * kDepth * slices * 2) {
+      slices *= 2;
+    }
+    GemvLaunch launch{g, pairs, (combine ? groups : 1) * slices, combine ? groups : 1,
+                      disabled_expert};
+    const int rows_per_cta = kGemvWarps / launch.split * kWarpRows;
+    launch_overlapping(gemv_kernel<kOutput, kWarpRows>,
+                       dim3((out_rows + rows_per_cta - 1) / rows_per_cta, combine ? 1 : groups),
+                       dim3(kGemvWarps * 32), 0, stream, launch);
+  };
+  if (g.in_cols / 8 >= 32 * kGemvDepth<kOutput, 1>) {
+    launch_rows(std::integral_constant<int, 1>{});
+  } else {
+    launch_rows(std::integral_constant<int, 2>{});
   }
-  GemvLaunch launch{g, pairs, (combine ? groups : 1) * slices, combine ? groups : 1,
-                    disabled_expert};
-  const int rows_per_cta = kGemvWarps / launch.split * kGemvRowsPerWarp;
-  launch_overlapping(gemv_kernel<kOutput>,
-                     dim3((out_rows + rows_per_cta - 1) / rows_per_cta, combine ? 1 : groups),
-                     dim3(kGemvWarps * 32), 0, stream, launch);
 }
 
 int multiprocessors() {

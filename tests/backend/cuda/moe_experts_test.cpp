@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <numeric>
 #include <random>
@@ -158,11 +159,13 @@ class GroupedGemmTest : public ::testing::Test {
   void SetUp() override { EKVA_SKIP_WITHOUT_GPU(); }
 };
 
-// One token: each expert's product is a GEMV (gemv_kernel), its rows and columns past whole tiles,
-// with 4, 2 and 8 warps sharing each row set.
+// One token: each expert's product is a GEMV (gemv_kernel), columns past whole column steps, with
+// 1, 4, 8 and 2 warps sharing each row (a warp per row keeps eight 16-byte loads in flight per
+// lane; warps share a row when the rows are few and the columns many).
 TEST_F(GroupedGemmTest, OneTokenManyColumns) {
   run_case({8, 2, 1, 200, 3000}, 1);
-  run_case({8, 2, 1, 33, 1600}, 7);
+  run_case({8, 2, 1, 200, 8200}, 2);
+  run_case({8, 2, 1, 33, 16392}, 7);
   run_case({4, 1, 1, 70, 4104}, 8);
 }
 
@@ -184,12 +187,15 @@ TEST_F(GroupedGemmTest, MostExpertsFullBatchTopEight) {
 
 // A one-token step's gate-and-up product with its SwiGLU applied (bf16 out), and its down product
 // gated and added over the token's experts in ascending order (one expert disabled), against
-// products here in double.
+// products here in double; few expert rows of many columns make warps share the gate-and-up rows
+// (48 x 4104), few hidden rows of many columns the down rows at top-2 (4104 x 40).
 TEST_F(GroupedGemmTest, OneTokenSwigluAndCombinedProducts) {
   std::mt19937 rng(9);
-  constexpr int kExperts = 16, kInter = 1032, kHidden = 1040;
-  for (const int top_k : {2, 8}) {
-    SCOPED_TRACE(::testing::Message() << "top-" << top_k);
+  constexpr int kExperts = 16;
+  for (const auto [kInter, kHidden, top_k] :
+       {std::array{1032, 1040, 2}, std::array{1032, 1040, 8}, std::array{48, 4104, 2},
+        std::array{48, 4104, 8}, std::array{4104, 40, 2}}) {
+    SCOPED_TRACE(::testing::Message() << "top-" << top_k << ", " << kInter << " x " << kHidden);
     std::vector<int32_t> experts(top_k);
     std::iota(experts.begin(), experts.end(), 3);
     std::shuffle(experts.begin(), experts.end(), rng);
