@@ -413,34 +413,31 @@ void CudaBackend::moe_block(int layer, int moe_index, const StepPlan& plan, KvLa
     gemm_->f32(normed_.data(), n, D.router.data(), E, hidden, logits);
     route_tokens(logits, n, E, k, s.norm_topk_prob, experts_d, gates_d, stream_);
   }
-  // Small steps (decode) keep the experts on the device: no host round trip per layer, and each
-  // touched expert's weights read once on the tensor cores. Larger ones (prefill) sort on the
-  // host, then run grouped products (fine-grained experts) or one cuBLAS product per touched
-  // expert (coarse experts, and observers that read K/V or expert outputs).
-  if (experts_on_device(n, observer)) {
-    grouped_experts(layer, n, experts_d, gates_d, nullptr, nullptr, y, delta);  // writes delta
-    routed_on_device_.emplace_back(layer, moe_index);
-  } else if (experts_grouped_from_host(n, observer)) {
-    std::vector<int32_t> experts(pairs);
-    std::vector<float> gates(pairs);
-    std::vector<float> host_logits(observer != nullptr ? static_cast<size_t>(n) * E : 0);
-    EKVA_CUDA_CHECK(cudaMemcpyAsync(experts.data(), experts_d, pairs * sizeof(int32_t),
-                                    cudaMemcpyDeviceToHost, stream_));
-    EKVA_CUDA_CHECK(cudaMemcpyAsync(gates.data(), gates_d, pairs * sizeof(float),
-                                    cudaMemcpyDeviceToHost, stream_));
-    if (observer != nullptr) {
+  // Steps whose experts get few pairs each (decode; a prompt of fine-grained experts) keep the
+  // experts on the device: no host round trip per layer, and each touched expert's weights read
+  // once per group of its pairs on the tensor cores. Others (a coarse model's prompt, observers
+  // that read K/V or expert outputs) run one cuBLAS product per touched expert.
+  if (experts_grouped(n, observer)) {
+    if (observer == nullptr) {
+      routed_on_device_.emplace_back(layer, moe_index);
+    } else {  // one that reads the routing alone (a prompt's recorder)
+      std::vector<int32_t> experts(pairs);
+      std::vector<float> gates(pairs);
+      std::vector<float> host_logits(static_cast<size_t>(n) * E);
+      EKVA_CUDA_CHECK(cudaMemcpyAsync(experts.data(), experts_d, pairs * sizeof(int32_t),
+                                      cudaMemcpyDeviceToHost, stream_));
+      EKVA_CUDA_CHECK(cudaMemcpyAsync(gates.data(), gates_d, pairs * sizeof(float),
+                                      cudaMemcpyDeviceToHost, stream_));
       EKVA_CUDA_CHECK(cudaMemcpyAsync(host_logits.data(), logits,
                                       host_logits.size() * sizeof(float), cudaMemcpyDeviceToHost,
                                       stream_));
-    }
-    EKVA_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    record_routing(layer, plan, layout, experts.data());
-    if (observer != nullptr) {  // one that reads the routing alone (a prompt's recorder)
+      EKVA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      record_routing(layer, plan, layout, experts.data());
       observer->on_router_logits(layer, moe_index, host_logits.data(), n, E);
       observer->on_layer_routed(layer, batch, layout, nullptr, nullptr, experts.data(),
                                 gates.data(), k);
     }
-    grouped_experts(layer, n, experts_d, gates_d, experts.data(), gates.data(), y, delta);
+    grouped_experts(layer, n, experts_d, gates_d, y, delta);  // writes delta
   } else {
     EKVA_CUDA_CHECK(
         cudaMemsetAsync(delta, 0, static_cast<size_t>(n) * hidden * sizeof(float), stream_));
@@ -459,14 +456,7 @@ void CudaBackend::moe_block(int layer, int moe_index, const StepPlan& plan, KvLa
   }
 }
 
-bool CudaBackend::experts_on_device(int n, const ForwardObserver* observer) const {
-  const ModelSpec& s = weights_->spec();
-  return observer == nullptr && n <= kMaxGroupedTokens &&
-         grouped_gemm_supported(s.hidden_size, s.num_experts) &&
-         grouped_gemm_supported(s.expert_intermediate, s.num_experts);
-}
-
-bool CudaBackend::experts_grouped_from_host(int n, const ForwardObserver* observer) const {
+bool CudaBackend::experts_grouped(int n, const ForwardObserver* observer) const {
   const ModelSpec& s = weights_->spec();
   // At most 8 groups per expert on average: an expert's groups run side by side and share its
   // weights in L2, where a coarse model's thousand pairs per expert (Mixtral's 4096-token prompt)
@@ -474,15 +464,15 @@ bool CudaBackend::experts_grouped_from_host(int n, const ForwardObserver* observ
   constexpr int64_t kMaxMeanPairs = 8 * kMaxGroupedTokens;
   const bool routing_only =
       observer == nullptr || (!observer->reads_kv() && !observer->reads_expert_outputs());
-  return routing_only && n > kMaxGroupedTokens &&
-         static_cast<int64_t>(n) * s.top_k <= kMaxMeanPairs * s.num_experts &&
+  return routing_only &&
+         (n <= kMaxGroupedTokens ||
+          static_cast<int64_t>(n) * s.top_k <= kMaxMeanPairs * s.num_experts) &&
          grouped_gemm_supported(s.hidden_size, s.num_experts) &&
          grouped_gemm_supported(s.expert_intermediate, s.num_experts);
 }
 
 void CudaBackend::grouped_experts(int layer, int n, const int32_t* experts, const float* gates,
-                                  const int32_t* host_experts, const float* host_gates, float* y,
-                                  float* delta) {
+                                  float* y, float* delta) {
   const ModelSpec& s = weights_->spec();
   const DeviceLayer& D = weights_->layer(layer);
   const int E = s.num_experts, k = s.top_k, hidden = s.hidden_size, inter = s.expert_intermediate;
@@ -496,57 +486,11 @@ void CudaBackend::grouped_experts(int layer, int n, const int32_t* experts, cons
   p.touched_first = ints + 4 * pairs;
   p.num_touched = ints + 5 * pairs + 1;
   p.gate = scratch(pair_gates_, pairs);
-  int groups = 0;
-  if (host_experts == nullptr) {
-    sort_pairs(experts, gates, n, k, E, p, stream_);
-  } else {
-    // The order sort_pairs gives (experts ascending, each expert's tokens ascending), each
-    // expert's pairs cut into groups of at most kMaxGroupedTokens.
-    std::vector<int32_t> host(5 * pairs + 2, 0);
-    std::vector<float> host_gate(pairs);
-    std::vector<int32_t> next(E + 1, 0);
-    for (size_t j = 0; j < pairs; ++j) ++next[host_experts[j] + 1];
-    for (int e = 0; e < E; ++e) next[e + 1] += next[e];
-    std::vector<int32_t> first(next.begin(), next.end());
-    int32_t* touched = host.data() + 3 * pairs;
-    int32_t* touched_first = host.data() + 4 * pairs;
-    for (int e = 0; e < E; ++e) {
-      for (int32_t g = first[e]; g < first[e + 1]; g += kMaxGroupedTokens) {
-        touched[groups] = e;
-        touched_first[groups++] = g;
-      }
-    }
-    touched_first[groups] = static_cast<int32_t>(pairs);
-    host[5 * pairs + 1] = groups;
-    for (int t = 0; t < n; ++t) {
-      const int32_t* token_experts = host_experts + static_cast<size_t>(t) * k;
-      for (int i = 0; i < k; ++i) {
-        const int e = token_experts[i];
-        const int32_t slot = next[e]++;
-        int order = 0;  // the token's experts below e
-        for (int r = 0; r < k; ++r) order += token_experts[r] < e;
-        host[slot] = t;
-        host[pairs + slot] = e;
-        host[2 * pairs + static_cast<size_t>(t) * k + order] = slot;
-        host_gate[slot] = host_gates[static_cast<size_t>(t) * k + i];
-      }
-    }
-    EKVA_CUDA_CHECK(cudaMemcpyAsync(ints, host.data(), host.size() * sizeof(int32_t),
-                                    cudaMemcpyHostToDevice, stream_));
-    EKVA_CUDA_CHECK(cudaMemcpyAsync(p.gate, host_gate.data(), pairs * sizeof(float),
-                                    cudaMemcpyHostToDevice, stream_));
-    // The pageable copies above are staged before they return, so the vectors may go.
-  }
-  const auto product = [&](const GroupedGemm& g) {
-    if (host_experts == nullptr) {
-      grouped_gemm(g, p, n, k, E, stream_);
-    } else {
-      grouped_gemm_groups(g, p, groups, static_cast<int>(pairs), stream_);
-    }
-  };
+  sort_pairs(experts, gates, n, k, E, p, stream_);
+  const auto product = [&](const GroupedGemm& g) { grouped_gemm(g, p, n, k, E, stream_); };
   // A one-token step's products are GEMVs that also apply the SwiGLU and gate and add the
   // experts' outputs, which then take no kernels of their own.
-  const bool one_token = host_experts == nullptr && n == 1;
+  const bool one_token = n == 1;
   const int disabled = disabled_.first == layer ? disabled_.second : -1;
   uint16_t* h = scratch(hidden_bf16_, pairs * inter);
   GroupedGemm up;
@@ -757,7 +701,7 @@ void CudaBackend::run_step(const StepPlan& plan, KvLayout& layout, ForwardObserv
       decode && DecodeAttentionPlan::can_implement({plan.num_sequences, s.num_heads, s.num_kv_heads,
                                                     s.head_dim, layout.page_size(), scoring});
   if (decode_kernel) plan_decode_attention(plan, scoring);
-  if (decode_kernel && experts_on_device(n, observer)) {
+  if (decode_kernel && observer == nullptr && experts_grouped(n, observer)) {
     forward_decode(plan, layout, scoring);
   } else {
     forward(plan, layout, observer, decode_kernel, scoring);

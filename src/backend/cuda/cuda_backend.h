@@ -94,19 +94,15 @@ class CudaBackend : public Backend {
   void mlp(const DeviceMlp& mlp, const uint16_t* x, int rows, float* y);
   void moe_block(int layer, int moe_index, const StepPlan& plan, KvLayout& layout,
                  ForwardObserver* observer);
-  // Whether a step of n tokens keeps its routed experts on the device (grouped_experts).
-  bool experts_on_device(int n, const ForwardObserver* observer) const;
-  // Whether a larger step runs its experts as grouped products over pairs sorted on the host: when
-  // the model's experts get few pairs each (fine-grained experts), where one product per expert
-  // would be many small ones, and no observer reads K/V or expert outputs (a prompt's recorder
-  // reads the routing alone).
-  bool experts_grouped_from_host(int n, const ForwardObserver* observer) const;
-  // The routed experts as grouped products that read each touched expert's weights once for all
-  // its pairs. The pairs are sorted on the device (a small step: the host learns the routing when
-  // the step ends) or, given host_experts and host_gates ([n, top_k], the routing on the host),
-  // on the host.
-  void grouped_experts(int layer, int n, const int32_t* experts, const float* gates,
-                       const int32_t* host_experts, const float* host_gates, float* y,
+  // Whether a step of n tokens runs its routed experts as grouped products with the pairs sorted
+  // on the device (grouped_experts): when the model's experts get few pairs each (any decode
+  // step; a prompt of fine-grained experts), where one product per expert would be many small
+  // ones, and no observer reads K/V or expert outputs (a prompt's recorder reads the routing
+  // alone).
+  bool experts_grouped(int n, const ForwardObserver* observer) const;
+  // The routed experts as grouped products that read each touched expert's weights once for each
+  // group of its pairs; the host learns the routing when the step ends.
+  void grouped_experts(int layer, int n, const int32_t* experts, const float* gates, float* y,
                        float* delta);
   // The routed experts with the routing on the host: one product per touched expert over its
   // rows (prefill), and the observer's callbacks.

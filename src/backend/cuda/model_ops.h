@@ -106,8 +106,8 @@ void fill_random_bf16(uint16_t* x, int64_t count, uint64_t seed, float stddev, c
 void fill_random_f32(float* x, int64_t count, uint64_t seed, float stddev, cudaStream_t stream);
 void fill_constant(float* x, int64_t count, float value, cudaStream_t stream);
 
-// Routed experts of a small step on the device alone (no host synchronisation): at most
-// kMaxGroupedTokens tokens, at most kMaxGroupedExperts experts.
+// Routed experts on the device alone (no host synchronisation), at most kMaxGroupedExperts
+// experts: each expert's pairs in groups of at most kMaxGroupedTokens, one grouped product each.
 inline constexpr int kMaxGroupedTokens = 64;
 inline constexpr int kMaxGroupedExperts = 256;
 
@@ -117,17 +117,18 @@ struct MoePairs {
   int32_t* token = nullptr;
   float* gate = nullptr;
   int32_t* expert = nullptr;
-  int32_t* token_pairs = nullptr;    // token t's pairs at [t * top_k, ...), ascending expert
-  int32_t* touched = nullptr;        // [min(experts, pairs)]: the experts with pairs, ascending
-  int32_t* touched_first = nullptr;  // [touched + 1]: each one's first pair, then the total
-  int32_t* num_touched = nullptr;    // [1]
+  int32_t* token_pairs = nullptr;  // token t's pairs at [t * top_k, ...), ascending expert
+  // The groups: an expert's pairs in groups of at most kMaxGroupedTokens (consecutive groups of
+  // an expert run side by side and so share its weights in L2), experts ascending.
+  int32_t* touched = nullptr;        // [pairs]: each group's expert
+  int32_t* touched_first = nullptr;  // [groups + 1]: each group's first pair, then the total
+  int32_t* num_touched = nullptr;    // [1]: the groups
 };
 void sort_pairs(const int32_t* experts, const float* gates, int n, int top_k, int num_experts,
                 const MoePairs& pairs, cudaStream_t stream);
 
 // out[j] = W_{expert of pair j} · input row (the pair's token when input_is_token, else j), for
-// every pair j: each touched expert's weights are read once for all of its pairs. At most
-// kMaxGroupedTokens tokens.
+// every pair j: each touched expert's weights are read once for each group of its pairs.
 struct GroupedGemm {
   const uint16_t* const* weights = nullptr;  // [experts]: bf16 [out_rows, in_cols] each
   // Instead of experts and pairs: one matrix times input rows 0 .. dense_rows (skinny_gemm).
@@ -159,12 +160,6 @@ void skinny_gemm_blocks(const uint16_t* x, int n, const uint16_t* w, int first_r
                         int out_rows, int in_cols, float* y, cudaStream_t stream);
 void grouped_gemm(const GroupedGemm& gemm, const MoePairs& pairs, int n, int top_k, int num_experts,
                   cudaStream_t stream);
-// The same over groups the caller formed (a step too large for sort_pairs, its pairs sorted on the
-// host): group c is pairs [touched_first[c], touched_first[c + 1]) of expert touched[c], at most
-// kMaxGroupedTokens of them; an expert with more pairs takes several consecutive groups, which run
-// side by side and so share its weights in L2.
-void grouped_gemm_groups(const GroupedGemm& gemm, const MoePairs& pairs, int num_groups,
-                         int num_pairs, cudaStream_t stream);
 // A one-token step's products and combine_pairs in one kernel: out[0] = the sum of gate * W_e ·
 // input row over the token's pairs in ascending expert order, skipping disabled_expert; g.out is
 // not used. Top-k of 1, 2, 4 or 8.

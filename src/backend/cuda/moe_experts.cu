@@ -16,81 +16,88 @@
 namespace ekva::cuda {
 namespace {
 
-constexpr int kSortThreads = 256;
+constexpr int kSortThreads = 1024;
+constexpr int kSortWarps = kSortThreads / 32;
 
-// One CTA. Every pair finds its place by counting in shared memory (its rank among the earlier
-// pairs of its expert, its expert's rank among its token's experts) rather than by a serial walk:
-// one thread over 128 pairs took tens of microseconds per layer, chained through global memory.
+// One CTA: a stable counting sort of the pairs by expert. After the experts' counts and their
+// scan, each round places kSortThreads consecutive pairs at once: a pair's slot is its expert's
+// next slot plus the pairs of that expert in the warps before it and in its own warp before it
+// (matched within the warp), so a step of any size takes pairs / kSortThreads rounds. Each
+// expert's pairs are cut into groups of at most kMaxGroupedTokens.
 __global__ void __launch_bounds__(kSortThreads)
     sort_pairs_kernel(const int32_t* experts, const float* gates, int n, int k, int num_experts,
                       MoePairs p) {
   follow_prior_grid();
-  extern __shared__ int32_t shared[];
+  __shared__ int32_t warp_count[kSortWarps][kMaxGroupedExperts];  // this round's pairs per warp
+  __shared__ int32_t next[kMaxGroupedExperts];  // the count, then each expert's next slot
   const int pairs = n * k;
-  int32_t* expert_of = shared;                  // [pairs]
-  int32_t* first = shared + pairs;              // [num_experts]: each expert's first pair
-  int32_t* touched_rank = first + num_experts;  // [num_experts]: its place among the touched
-  __shared__ int32_t touched_total;
-  for (int e = threadIdx.x; e < num_experts; e += blockDim.x) first[e] = 0;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int e = threadIdx.x; e < num_experts; e += kSortThreads) next[e] = 0;
   __syncthreads();
-  for (int j = threadIdx.x; j < pairs; j += blockDim.x) {
-    expert_of[j] = experts[j];
-    atomicAdd(&first[expert_of[j]], 1);
-  }
+  for (int j = threadIdx.x; j < pairs; j += kSortThreads) atomicAdd(&next[experts[j]], 1);
   __syncthreads();
-  // Exclusive scans of the counts and of "touched" over the experts, by the first warp: each lane
-  // scans a contiguous run of experts, then the runs' sums are scanned across the warp.
-  if (threadIdx.x < 32) {
-    const int lane = threadIdx.x;
+  // Exclusive scans of the counts and of the groups over the experts, by the first warp: each
+  // lane scans a contiguous run of experts, then the runs' sums are scanned across the warp.
+  if (warp == 0) {
     const int run = (num_experts + 31) / 32;
     const int begin = min(num_experts, lane * run), end = min(num_experts, begin + run);
-    int count = 0, touched = 0;
+    const auto groups_of = [](int count) {
+      return (count + kMaxGroupedTokens - 1) / kMaxGroupedTokens;
+    };
+    int count = 0, groups = 0;
     for (int e = begin; e < end; ++e) {
-      count += first[e];
-      touched += first[e] > 0;
+      count += next[e];
+      groups += groups_of(next[e]);
     }
-    int count_before = count, touched_before = touched;
+    int count_before = count, groups_before = groups;
     for (int offset = 1; offset < 32; offset *= 2) {
       const int c = __shfl_up_sync(0xffffffffu, count_before, offset);
-      const int t = __shfl_up_sync(0xffffffffu, touched_before, offset);
+      const int g = __shfl_up_sync(0xffffffffu, groups_before, offset);
       if (lane >= offset) {
         count_before += c;
-        touched_before += t;
+        groups_before += g;
       }
     }
     count_before -= count;
-    touched_before -= touched;
+    groups_before -= groups;
     for (int e = begin; e < end; ++e) {
-      const int c = first[e];
-      first[e] = count_before;
-      touched_rank[e] = c > 0 ? touched_before : -1;
+      const int c = next[e];
+      next[e] = count_before;
+      for (int i = 0; i < groups_of(c); ++i) {
+        p.touched[groups_before] = e;
+        p.touched_first[groups_before++] = count_before + i * kMaxGroupedTokens;
+      }
       count_before += c;
-      touched_before += c > 0;
     }
-    if (lane == 31) touched_total = touched_before;
-  }
-  __syncthreads();
-  for (int e = threadIdx.x; e < num_experts; e += blockDim.x) {
-    if (touched_rank[e] >= 0) {
-      p.touched[touched_rank[e]] = e;
-      p.touched_first[touched_rank[e]] = first[e];
+    if (lane == 31) {
+      p.touched_first[groups_before] = pairs;
+      *p.num_touched = groups_before;
     }
   }
-  if (threadIdx.x == 0) {
-    p.touched_first[touched_total] = pairs;
-    *p.num_touched = touched_total;
-  }
-  for (int j = threadIdx.x; j < pairs; j += blockDim.x) {
-    const int e = expert_of[j], t = j / k;
-    int rank = 0;  // earlier pairs of expert e: earlier tokens, as a token routes to e at most once
-    for (int i = 0; i < t * k; ++i) rank += expert_of[i] == e;
-    int order = 0;  // the token's experts below e
-    for (int i = t * k; i < (t + 1) * k; ++i) order += expert_of[i] < e;
-    const int slot = first[e] + rank;
-    p.token[slot] = t;
-    p.gate[slot] = gates[j];
-    p.expert[slot] = e;
-    p.token_pairs[t * k + order] = slot;
+  for (int base = 0; base < pairs; base += kSortThreads) {
+    const int j = base + static_cast<int>(threadIdx.x);
+    const int e = j < pairs ? experts[j] : -1;
+    const uint32_t same = __match_any_sync(0xffffffffu, e);
+    for (int x = lane; x < num_experts; x += 32) warp_count[warp][x] = 0;
+    __syncwarp();
+    if (e >= 0 && lane == __ffs(same) - 1) warp_count[warp][e] = __popc(same);
+    __syncthreads();  // also orders the scan's slots before the first round reads them
+    if (e >= 0) {
+      int slot = next[e] + __popc(same & ((1u << lane) - 1));
+      for (int w = 0; w < warp; ++w) slot += warp_count[w][e];
+      const int t = j / k;
+      int order = 0;  // the token's experts below e
+      for (int i = t * k; i < (t + 1) * k; ++i) order += experts[i] < e;
+      p.token[slot] = t;
+      p.gate[slot] = gates[j];
+      p.expert[slot] = e;
+      p.token_pairs[t * k + order] = slot;
+    }
+    __syncthreads();
+    for (int x = threadIdx.x; x < num_experts; x += kSortThreads) {
+      for (int w = 0; w < kSortWarps; ++w) next[x] += warp_count[w][x];
+    }
+    __syncthreads();
   }
 }
 
@@ -429,15 +436,12 @@ bool grouped_gemm_supported(int in_cols, int num_experts) {
 
 void sort_pairs(const int32_t* experts, const float* gates, int n, int k, int num_experts,
                 const MoePairs& pairs, cudaStream_t stream) {
-  const size_t shared = (static_cast<size_t>(n) * k + 2 * num_experts) * sizeof(int32_t);
-  if (n > kMaxGroupedTokens || num_experts > kMaxGroupedExperts || k > num_experts ||
-      shared > 48 * 1024) {
-    fail(ErrorKind::kUnsupported,
-         "sort_pairs: {} tokens (at most {}) of top-{} over {} experts (at most {})", n,
-         kMaxGroupedTokens, k, num_experts, kMaxGroupedExperts);
+  if (n < 0 || num_experts > kMaxGroupedExperts || k < 1 || k > num_experts) {
+    fail(ErrorKind::kUnsupported, "sort_pairs: {} tokens of top-{} over {} experts (at most {})", n,
+         k, num_experts, kMaxGroupedExperts);
   }
-  launch_overlapping(sort_pairs_kernel, dim3(1), dim3(kSortThreads), shared, stream, experts, gates,
-                     n, k, num_experts, pairs);
+  launch_overlapping(sort_pairs_kernel, dim3(1), dim3(kSortThreads), 0, stream, experts, gates, n,
+                     k, num_experts, pairs);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -498,26 +502,21 @@ void launch_grouped_gemm(const GroupedGemm& g, const MoePairs& pairs, int max_ro
 
 void grouped_gemm(const GroupedGemm& g, const MoePairs& pairs, int n, int k, int num_experts,
                   cudaStream_t stream) {
-  if (!grouped_gemm_supported(g.in_cols, num_experts) || n > kMaxGroupedTokens) {
+  // A token routes to an expert at most once: at most min(experts, pairs) experts are touched,
+  // and an expert's c pairs take ceil(c / kMaxGroupedTokens) groups, so there are at most
+  // pairs / kMaxGroupedTokens more groups than touched experts (none when n fits in one group).
+  const int64_t pairs_total = static_cast<int64_t>(n) * k;
+  const int64_t groups = std::min<int64_t>(num_experts, pairs_total) +
+                         (n > kMaxGroupedTokens ? pairs_total / kMaxGroupedTokens : 0);
+  if (!grouped_gemm_supported(g.in_cols, num_experts) || groups > 65535) {
     fail(ErrorKind::kUnsupported,
-         "grouped_gemm: {} input columns (a multiple of 8) of {} experts (at most {}), {} tokens "
-         "(at most {})",
-         g.in_cols, num_experts, kMaxGroupedExperts, n, kMaxGroupedTokens);
+         "grouped_gemm: {} input columns (a multiple of 8) of {} experts (at most {}), {} pairs "
+         "(at most {} groups of {})",
+         g.in_cols, num_experts, kMaxGroupedExperts, pairs_total, 65535, kMaxGroupedTokens);
   }
-  // A token routes to an expert at most once: no expert has more than n pairs, and at most
-  // min(experts, pairs) are touched.
-  launch_grouped_gemm(g, pairs, n, std::min(num_experts, n * k), n * k, stream);
-}
-
-void grouped_gemm_groups(const GroupedGemm& g, const MoePairs& pairs, int num_groups, int num_pairs,
-                         cudaStream_t stream) {
-  if (!grouped_gemm_supported(g.in_cols, kMaxGroupedExperts) || num_groups < 0) {
-    fail(ErrorKind::kUnsupported,
-         "grouped_gemm_groups: {} input columns (a multiple of 8), {} groups", g.in_cols,
-         num_groups);
-  }
-  if (num_groups == 0) return;
-  launch_grouped_gemm(g, pairs, kMaxGroupedTokens, num_groups, num_pairs, stream);
+  if (groups == 0) return;
+  launch_grouped_gemm(g, pairs, std::min(n, kMaxGroupedTokens), static_cast<int>(groups),
+                      static_cast<int>(pairs_total), stream);
 }
 
 bool combined_gemv_supported(int n, int top_k) {

@@ -185,42 +185,58 @@ TEST_F(CudaEngineTest, DrawnStepsAreDrawTokenOfTheLogits) {
   }
 }
 
+// Reads each expert's outputs, which only the one-product-per-expert path (routing on the host)
+// gives.
+class ExpertOutputsReader : public ForwardObserver {
+ public:
+  bool reads_expert_outputs() const override { return true; }
+};
+
 // A decode step of several sequences takes the grouped expert kernels (routing on the device); the
-// same step with an observer routes on the host with one product per expert. Same routing, and
-// logits that differ by the bf16 rounding of activations summed in another order.
+// same step with an observer of expert outputs routes on the host with one product per expert.
+// Same routing, and logits that differ by the bf16 rounding of activations summed in another
+// order. 70 sequences are more than a group of pairs holds; the steps after it replay a graph.
 TEST_F(CudaEngineTest, GroupedExpertsMatchTheHostRoutedPath) {
-  const int sequences = 5;
-  Engine grouped(*model_, gpu_options(sequences));
-  for (int s = 0; s < sequences; ++s) grouped.prefill(s, prompt(30 + 7 * s, 100 + s));
-  Engine host_routed = grouped;
-  ForwardBatch batch;
-  for (int s = 0; s < sequences; ++s) batch.add(17 + s, s, grouped.layout().next_position(s));
-  RouterLogitsRecorder observer;
-  const std::vector<float> want = host_routed.step(batch, &observer);
-  const std::vector<float> got = grouped.step(batch);
-  ASSERT_EQ(got.size(), want.size());
-  const double error = ekva::testing::relative_error(got.data(), want.data(), got.size());
-  RecordProperty("relative_error", std::to_string(error));
-  EXPECT_LE(error, 1e-2);
-  for (int s = 0; s < sequences; ++s) {
-    for (int l = 0; l < model_->spec().num_layers; ++l) {
-      for (int h = 0; h < model_->spec().num_kv_heads; ++h) {
-        const HeadTable& a = grouped.layout().table(s, l, h);
-        const HeadTable& b = host_routed.layout().table(s, l, h);
-        EXPECT_EQ(a.meta.back().expert, b.meta.back().expert) << s << " " << l << " " << h;
+  for (const int sequences : {5, 70}) {
+    SCOPED_TRACE(::testing::Message() << sequences << " sequences");
+    Engine grouped(*model_, gpu_options(sequences));
+    for (int s = 0; s < sequences; ++s) grouped.prefill(s, prompt(30 + 7 * (s % 5), 100 + s));
+    Engine host_routed = grouped;
+    ForwardBatch batch;
+    for (int s = 0; s < sequences; ++s) batch.add(17 + s, s, grouped.layout().next_position(s));
+    ExpertOutputsReader observer;
+    const std::vector<float> want = host_routed.step(batch, &observer);
+    const std::vector<float> got = grouped.step(batch);
+    ASSERT_EQ(got.size(), want.size());
+    const double error = ekva::testing::relative_error(got.data(), want.data(), got.size());
+    RecordProperty("relative_error_" + std::to_string(sequences), std::to_string(error));
+    EXPECT_LE(error, 1e-2);
+    for (int s = 0; s < sequences; ++s) {
+      for (int l = 0; l < model_->spec().num_layers; ++l) {
+        for (int h = 0; h < model_->spec().num_kv_heads; ++h) {
+          const HeadTable& a = grouped.layout().table(s, l, h);
+          const HeadTable& b = host_routed.layout().table(s, l, h);
+          EXPECT_EQ(a.meta.back().expert, b.meta.back().expert) << s << " " << l << " " << h;
+        }
       }
     }
+    for (int step = 0; step < 3; ++step) {
+      ForwardBatch next;
+      for (int s = 0; s < sequences; ++s) next.add(40 + step, s, grouped.layout().next_position(s));
+      grouped.step(next);
+    }
+    EXPECT_GE(dynamic_cast<CudaBackend&>(grouped.backend()).graph_steps(), 2);
   }
 }
 
-// A prompt of more tokens than the device sort takes has its pairs sorted on the host and its
-// experts run as grouped products (an expert's pairs cut into groups of 64); with an observer that
-// reads expert outputs the same step takes one product per expert. Both against the CPU engine
+// A prompt of more tokens than a group of pairs holds has its experts run as grouped products (an
+// expert's pairs cut into groups of 64 on the device); with an observer that reads expert outputs
+// the same step takes one product per expert. Both against the CPU engine
 // (bf16 K/V) at every position of a 300-token prompt, where a near-tie routed the other way in an
 // early layer moves a position's logits far, so the largest difference over all positions says
 // little: each path picks the CPU's token at 95% of the positions whose top-2 margin exceeds
 // kLogitBound, and half the positions are within it.
-TEST_F(CudaEngineTest, PromptExpertsGroupedOnTheHostMatchTheCpu) {
+TEST_F(CudaEngineTest, PromptExpertsGroupedOnTheDeviceMatchTheCpu) {
   EngineOptions cpu;
   cpu.kv.dtype = DType::kBF16;
   Engine cpu_engine(*model_, cpu);
@@ -229,11 +245,7 @@ TEST_F(CudaEngineTest, PromptExpertsGroupedOnTheHostMatchTheCpu) {
   const std::vector<int32_t> tokens = prompt(testing::small_sizes() ? 130 : 300, 77);
   ForwardBatch batch;
   for (size_t t = 0; t < tokens.size(); ++t) batch.add(tokens[t], 0, static_cast<int32_t>(t));
-  // Reads each expert's outputs, which only the one-product-per-expert path gives.
-  class ExpertOutputs : public ForwardObserver {
-   public:
-    bool reads_expert_outputs() const override { return true; }
-  } observer;
+  ExpertOutputsReader observer;
   const std::vector<float> want = cpu_engine.step(batch);
   const int vocab = model_->spec().vocab_size;
   for (const bool per_expert : {false, true}) {

@@ -44,7 +44,7 @@ MoePairs pair_views(DeviceBuffer<int32_t>& ints, DeviceBuffer<float>& gates, int
   return p;
 }
 
-// The order MoePairs promises, built here by a stable sort of the pairs by expert.
+// The order and the groups MoePairs promises, built here by a stable sort of the pairs by expert.
 void expect_sorted_like_reference(const std::vector<int32_t>& experts,
                                   const std::vector<float>& gates, const Case& c,
                                   const std::vector<int32_t>& ints,
@@ -60,7 +60,9 @@ void expect_sorted_like_reference(const std::vector<int32_t>& experts,
     ASSERT_EQ(ints[slot], j / c.top_k) << "token of slot " << slot;
     ASSERT_EQ(ints[pairs + slot], experts[j]) << "expert of slot " << slot;
     ASSERT_EQ(sorted_gates[slot], gates[j]) << "gate of slot " << slot;
-    if (slot == 0 || experts[order[slot - 1]] != experts[j]) {
+    // A group opens at each expert's first pair and after each kMaxGroupedTokens of its pairs.
+    if (slot == 0 || experts[order[slot - 1]] != experts[j] ||
+        slot - touched_first.back() == kMaxGroupedTokens) {
       touched.push_back(experts[j]);
       touched_first.push_back(slot);
     }
@@ -183,6 +185,14 @@ TEST_F(GroupedGemmTest, FineGrainedExpertsOddSizes) {
 
 TEST_F(GroupedGemmTest, MostExpertsFullBatchTopEight) {
   run_case({kMaxGroupedExperts, 8, kMaxGroupedTokens, 24, 64}, 5);
+}
+
+// More tokens than a group holds: experts of several groups, the last one partial, and 1200 pairs
+// (the sort's rounds are 1024 pairs).
+TEST_F(GroupedGemmTest, StepsOfManyGroups) {
+  run_case({8, 2, 300, 40, 136}, 10);
+  run_case({128, 8, 150, 24, 64}, 11);
+  run_case({4, 1, kMaxGroupedTokens * 3 + 1, 33, 72}, 12);
 }
 
 // A one-token step's gate-and-up product with its SwiGLU applied (bf16 out), and its down product
@@ -341,9 +351,9 @@ TEST(GroupedGemmHostTest, RejectsUnsupportedShapes) {
   GroupedGemm g;
   g.in_cols = 64;
   g.out_rows = 64;
-  EXPECT_THROW(grouped_gemm(g, MoePairs{}, kMaxGroupedTokens + 1, 2, 8, nullptr), Error);
-  EXPECT_THROW(sort_pairs(nullptr, nullptr, kMaxGroupedTokens + 1, 2, 8, MoePairs{}, nullptr),
-               Error);
+  g.in_cols = 12;
+  EXPECT_THROW(grouped_gemm(g, MoePairs{}, 4, 2, 8, nullptr), Error);
+  EXPECT_THROW(sort_pairs(nullptr, nullptr, 4, 9, 8, MoePairs{}, nullptr), Error);
   EXPECT_THROW(sort_pairs(nullptr, nullptr, 4, 2, kMaxGroupedExperts + 1, MoePairs{}, nullptr),
                Error);
   EXPECT_FALSE(skinny_gemm_supported(kMaxGroupedTokens + 1, 64));
