@@ -1,7 +1,7 @@
-// Routed experts of a small step (decode) without the host: the step's (token, expert) pairs sorted
-// by expert on the device, each touched expert's weights read once for all of its tokens by a
-// grouped product on the tensor cores, and the gated sum per token in ascending expert order (as
-// the CPU adds them).
+// Routed experts without the host: the step's (token, expert) pairs sorted by expert on the
+// device and cut into groups, each touched expert's weights read once per group of its tokens by a
+// grouped product on the tensor cores (a GEMV for a one-token step), and the gated sum per token in
+// ascending expert order (as the CPU adds them).
 #include <cuda_bf16.h>
 
 #include <algorithm>
