@@ -477,15 +477,8 @@ void CudaBackend::grouped_experts(int layer, int n, const int32_t* experts, cons
   const DeviceLayer& D = weights_->layer(layer);
   const int E = s.num_experts, k = s.top_k, hidden = s.hidden_size, inter = s.expert_intermediate;
   const size_t pairs = static_cast<size_t>(n) * k;
-  int32_t* ints = scratch(pair_ints_, 5 * pairs + 2);
-  MoePairs p;
-  p.token = ints;
-  p.expert = ints + pairs;
-  p.token_pairs = ints + 2 * pairs;
-  p.touched = ints + 3 * pairs;
-  p.touched_first = ints + 4 * pairs;
-  p.num_touched = ints + 5 * pairs + 1;
-  p.gate = scratch(pair_gates_, pairs);
+  const MoePairs p =
+      moe_pairs(scratch(pair_ints_, moe_pair_ints(pairs)), scratch(pair_gates_, pairs), pairs);
   sort_pairs(experts, gates, n, k, E, p, stream_);
   const auto product = [&](const GroupedGemm& g) { grouped_gemm(g, p, n, k, E, stream_); };
   // A one-token step's products are GEMVs that also apply the SwiGLU and gate and add the
@@ -701,7 +694,7 @@ void CudaBackend::run_step(const StepPlan& plan, KvLayout& layout, ForwardObserv
       decode && DecodeAttentionPlan::can_implement({plan.num_sequences, s.num_heads, s.num_kv_heads,
                                                     s.head_dim, layout.page_size(), scoring});
   if (decode_kernel) plan_decode_attention(plan, scoring);
-  if (decode_kernel && observer == nullptr && experts_grouped(n, observer)) {
+  if (decode_kernel && observer == nullptr && experts_grouped(n, nullptr)) {
     forward_decode(plan, layout, scoring);
   } else {
     forward(plan, layout, observer, decode_kernel, scoring);

@@ -120,10 +120,26 @@ struct MoePairs {
   int32_t* token_pairs = nullptr;  // token t's pairs at [t * top_k, ...), ascending expert
   // The groups: an expert's pairs in groups of at most kMaxGroupedTokens (consecutive groups of
   // an expert run side by side and so share its weights in L2), experts ascending.
-  int32_t* touched = nullptr;        // [pairs]: each group's expert
-  int32_t* touched_first = nullptr;  // [groups + 1]: each group's first pair, then the total
-  int32_t* num_touched = nullptr;    // [1]: the groups
+  int32_t* group_expert = nullptr;  // [pairs]: each group's expert
+  int32_t* group_first = nullptr;   // [groups + 1]: each group's first pair, then the total
+  int32_t* num_groups = nullptr;    // [1]
 };
+// The int32s of the index arrays of `pairs` pairs (groups never outnumber pairs).
+inline size_t moe_pair_ints(size_t pairs) {
+  return 5 * pairs + 2;
+}
+// The views of MoePairs over ints [moe_pair_ints(pairs)] and gates [pairs].
+inline MoePairs moe_pairs(int32_t* ints, float* gates, size_t pairs) {
+  MoePairs p;
+  p.token = ints;
+  p.expert = ints + pairs;
+  p.token_pairs = ints + 2 * pairs;
+  p.group_expert = ints + 3 * pairs;
+  p.group_first = ints + 4 * pairs;
+  p.num_groups = ints + 5 * pairs + 1;
+  p.gate = gates;
+  return p;
+}
 void sort_pairs(const int32_t* experts, const float* gates, int n, int top_k, int num_experts,
                 const MoePairs& pairs, cudaStream_t stream);
 

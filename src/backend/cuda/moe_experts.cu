@@ -64,14 +64,14 @@ __global__ void __launch_bounds__(kSortThreads)
       const int c = next[e];
       next[e] = count_before;
       for (int i = 0; i < groups_of(c); ++i) {
-        p.touched[groups_before] = e;
-        p.touched_first[groups_before++] = count_before + i * kMaxGroupedTokens;
+        p.group_expert[groups_before] = e;
+        p.group_first[groups_before++] = count_before + i * kMaxGroupedTokens;
       }
       count_before += c;
     }
     if (lane == 31) {
-      p.touched_first[groups_before] = pairs;
-      *p.num_touched = groups_before;
+      p.group_first[groups_before] = pairs;
+      *p.num_groups = groups_before;
     }
   }
   for (int base = 0; base < pairs; base += kSortThreads) {
@@ -133,7 +133,7 @@ __device__ __forceinline__ int swizzled(int row, int chunk) {
   return row * kCols + ((chunk ^ (row % 8)) * 8);
 }
 
-// grid: (row tiles, touched experts at most, column splits). The CTA multiplies kRows rows of its
+// grid: (row tiles, groups at most, column splits). The CTA multiplies kRows rows of its
 // expert's weights with every input row of that expert's pairs (at most Tokens) on the tensor
 // cores, weights as the M side (the "swap AB" of a skinny product), so each weight byte is read
 // once whatever the number of tokens; copies run kStages - 1 column steps ahead.
@@ -144,15 +144,15 @@ __global__ void __launch_bounds__(kWarps * 32)
   using Shape = GroupedGemmShape<Tokens>;
   constexpr int kStages = Shape::kStages;
   const bool dense = g.dense != nullptr;
-  if (!dense && static_cast<int>(blockIdx.y) >= *p.num_touched) return;
-  const int first = dense ? 0 : p.touched_first[blockIdx.y];
-  const int count = dense ? g.dense_rows : p.touched_first[blockIdx.y + 1] - first;
+  if (!dense && static_cast<int>(blockIdx.y) >= *p.num_groups) return;
+  const int first = dense ? 0 : p.group_first[blockIdx.y];
+  const int count = dense ? g.dense_rows : p.group_first[blockIdx.y + 1] - first;
   const int col_begin = blockIdx.z * split_cols;
   const int col_end = min(g.in_cols, col_begin + split_cols);
   if (col_begin >= col_end) return;
   extern __shared__ uint4 shared_raw[];
   uint16_t* tiles = reinterpret_cast<uint16_t*>(shared_raw);
-  const uint16_t* w = dense ? g.dense : g.weights[p.touched[blockIdx.y]];
+  const uint16_t* w = dense ? g.dense : g.weights[p.group_expert[blockIdx.y]];
   const int row0 = blockIdx.x * kRows;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int input_rows = (count + 15) / 16 * 16;  // what the mma reads: the rest is zeroed
@@ -300,9 +300,9 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(const GemvLaunch 
     prefetch_l2(g.dense + static_cast<int64_t>(weight_row(lane)) * g.in_cols, ahead);
   }
   follow_prior_grid();
-  if (!dense && group >= *p.num_touched) return;  // uniform: never for kCombine
-  const int first = dense ? 0 : p.touched_first[group];
-  const uint16_t* w = dense ? g.dense : g.weights[p.touched[group]];
+  if (!dense && group >= *p.num_groups) return;  // uniform: never for kCombine
+  const int first = dense ? 0 : p.group_first[group];
+  const uint16_t* w = dense ? g.dense : g.weights[p.group_expert[group]];
   const int64_t input_row = dense ? 0 : g.input_is_token ? p.token[first] : first;
   const uint4* x = reinterpret_cast<const uint4*>(g.input + input_row * g.in_cols);
   const uint4* rows[kWeightRows];
@@ -359,7 +359,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(const GemvLaunch 
   } else {
     float value = 0.0f;  // as combine_kernel adds them
     for (int j = 0; j < launch.groups_per_set; ++j) {
-      const int pair = p.touched_first[j];
+      const int pair = p.group_first[j];
       if (p.expert[pair] != launch.disabled_expert) {
         value += p.gate[pair] * sum(warp + j * slices, lane);
       }
@@ -447,9 +447,9 @@ void sort_pairs(const int32_t* experts, const float* gates, int n, int k, int nu
 
 namespace {
 
-// Launches the grouped product over `touched` products of at most max_rows input rows each, whose
-// outputs span out_count rows of g.out.
-void launch_grouped_gemm(const GroupedGemm& g, const MoePairs& pairs, int max_rows, int touched,
+// Launches the grouped product over at most `groups` groups of at most max_rows input rows each,
+// whose outputs span out_count rows of g.out.
+void launch_grouped_gemm(const GroupedGemm& g, const MoePairs& pairs, int max_rows, int groups,
                          int out_count, cudaStream_t stream) {
   // The grid is cut along the columns until it is about four waves of two CTAs per
   // multiprocessor (fewer CTAs leave a long last wave), each part at least two column steps; the
@@ -461,23 +461,23 @@ void launch_grouped_gemm(const GroupedGemm& g, const MoePairs& pairs, int max_ro
            "of output rows ({})",
            max_rows, g.out_rows);
     }
-    launch_gemv<GemvOutput::kSwiglu>(g, pairs, touched, -1, stream);
+    launch_gemv<GemvOutput::kSwiglu>(g, pairs, groups, -1, stream);
     return;
   }
   if (max_rows == 1) {
-    launch_gemv<GemvOutput::kOutputRows>(g, pairs, touched, -1, stream);
+    launch_gemv<GemvOutput::kOutputRows>(g, pairs, groups, -1, stream);
     return;
   }
   const int row_tiles = (g.out_rows + kRows - 1) / kRows;
   const int steps = (g.in_cols + kCols - 1) / kCols;
-  const int wanted = (8 * multiprocessors() + row_tiles * touched - 1) / (row_tiles * touched);
+  const int wanted = (8 * multiprocessors() + row_tiles * groups - 1) / (row_tiles * groups);
   const int splits = std::max(1, std::min(wanted, steps / 2));
   const int split_cols = ((steps + splits - 1) / splits) * kCols;
   if (splits > 1) {
     EKVA_CUDA_CHECK(cudaMemsetAsync(
         g.out, 0, static_cast<size_t>(out_count) * g.out_rows * sizeof(float), stream));
   }
-  const dim3 grid(row_tiles, touched, (g.in_cols + split_cols - 1) / split_cols);
+  const dim3 grid(row_tiles, groups, (g.in_cols + split_cols - 1) / split_cols);
   const auto launch = [&](auto tokens) {
     constexpr int kTokens = decltype(tokens)::value;
     constexpr int bytes = GroupedGemmShape<kTokens>::kSharedBytes;

@@ -31,19 +31,6 @@ std::vector<uint16_t> random_bf16(size_t count, std::mt19937& rng) {
   return x;
 }
 
-// MoePairs over ints [5 * pairs + 2] and gates [pairs], laid out as the backend lays them.
-MoePairs pair_views(DeviceBuffer<int32_t>& ints, DeviceBuffer<float>& gates, int pairs) {
-  MoePairs p;
-  p.token = ints.data();
-  p.expert = ints.data() + pairs;
-  p.token_pairs = ints.data() + 2 * pairs;
-  p.touched = ints.data() + 3 * pairs;
-  p.touched_first = ints.data() + 4 * pairs;
-  p.num_touched = ints.data() + 5 * pairs + 1;
-  p.gate = gates.data();
-  return p;
-}
-
 // The order and the groups MoePairs promises, built here by a stable sort of the pairs by expert.
 void expect_sorted_like_reference(const std::vector<int32_t>& experts,
                                   const std::vector<float>& gates, const Case& c,
@@ -54,7 +41,7 @@ void expect_sorted_like_reference(const std::vector<int32_t>& experts,
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(),
                    [&](int a, int b) { return experts[a] < experts[b]; });
-  std::vector<int32_t> token_pairs(pairs), touched, touched_first;
+  std::vector<int32_t> token_pairs(pairs), group_expert, group_first;
   for (int slot = 0; slot < pairs; ++slot) {
     const int j = order[slot];
     ASSERT_EQ(ints[slot], j / c.top_k) << "token of slot " << slot;
@@ -62,9 +49,9 @@ void expect_sorted_like_reference(const std::vector<int32_t>& experts,
     ASSERT_EQ(sorted_gates[slot], gates[j]) << "gate of slot " << slot;
     // A group opens at each expert's first pair and after each kMaxGroupedTokens of its pairs.
     if (slot == 0 || experts[order[slot - 1]] != experts[j] ||
-        slot - touched_first.back() == kMaxGroupedTokens) {
-      touched.push_back(experts[j]);
-      touched_first.push_back(slot);
+        slot - group_first.back() == kMaxGroupedTokens) {
+      group_expert.push_back(experts[j]);
+      group_first.push_back(slot);
     }
   }
   for (int t = 0; t < c.tokens; ++t) {
@@ -74,13 +61,13 @@ void expect_sorted_like_reference(const std::vector<int32_t>& experts,
     for (int i = 0; i < c.top_k; ++i)
       ASSERT_EQ(ints[2 * pairs + t * c.top_k + i], slots[i]) << "token " << t << " pair " << i;
   }
-  const int num_touched = static_cast<int>(touched.size());
-  ASSERT_EQ(ints[5 * pairs + 1], num_touched);
-  for (int i = 0; i < num_touched; ++i) {
-    EXPECT_EQ(ints[3 * pairs + i], touched[i]);
-    EXPECT_EQ(ints[4 * pairs + i], touched_first[i]);
+  const int num_groups = static_cast<int>(group_expert.size());
+  ASSERT_EQ(ints[5 * pairs + 1], num_groups);
+  for (int i = 0; i < num_groups; ++i) {
+    EXPECT_EQ(ints[3 * pairs + i], group_expert[i]);
+    EXPECT_EQ(ints[4 * pairs + i], group_first[i]);
   }
-  EXPECT_EQ(ints[4 * pairs + num_touched], pairs);
+  EXPECT_EQ(ints[4 * pairs + num_groups], pairs);
 }
 
 void run_case(const Case& c, uint32_t seed) {
@@ -113,9 +100,9 @@ void run_case(const Case& c, uint32_t seed) {
   DeviceBuffer<const uint16_t*> pointers_device{std::span<const uint16_t* const>(pointers)};
   DeviceBuffer<int32_t> experts_device{std::span<const int32_t>(experts)};
   DeviceBuffer<float> gates_device{std::span<const float>(gates)};
-  DeviceBuffer<int32_t> ints(5 * static_cast<size_t>(pairs) + 2);
+  DeviceBuffer<int32_t> ints(moe_pair_ints(pairs));
   DeviceBuffer<float> pair_gates(pairs);
-  const MoePairs p = pair_views(ints, pair_gates, pairs);
+  const MoePairs p = moe_pairs(ints.data(), pair_gates.data(), pairs);
   sort_pairs(experts_device.data(), gates_device.data(), c.tokens, c.top_k, c.num_experts, p,
              nullptr);
   expect_sorted_like_reference(experts, gates, c, ints.download(), pair_gates.download());
@@ -229,9 +216,9 @@ TEST_F(GroupedGemmTest, OneTokenSwigluAndCombinedProducts) {
     DeviceBuffer<uint16_t> x_d{std::span<const uint16_t>(x)};
     DeviceBuffer<int32_t> experts_d{std::span<const int32_t>(experts)};
     DeviceBuffer<float> gates_d{std::span<const float>(gates)};
-    DeviceBuffer<int32_t> ints(5 * static_cast<size_t>(top_k) + 2);
+    DeviceBuffer<int32_t> ints(moe_pair_ints(top_k));
     DeviceBuffer<float> pair_gates(top_k);
-    const MoePairs p = pair_views(ints, pair_gates, top_k);
+    const MoePairs p = moe_pairs(ints.data(), pair_gates.data(), top_k);
     sort_pairs(experts_d.data(), gates_d.data(), 1, top_k, kExperts, p, nullptr);
     DeviceBuffer<uint16_t> h(static_cast<size_t>(top_k) * kInter);
     DeviceBuffer<float> out(kHidden);
