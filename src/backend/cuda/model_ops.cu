@@ -33,7 +33,9 @@ __global__ void embed_rows_kernel(const uint16_t* table, const int32_t* tokens, 
   }
 }
 
-// One CTA per row. The sum of squares in double, as the CPU reference takes it. A decode step
+// blockDim.x threads per row, blockDim.y rows per CTA (short rows, such as QK-norm's heads, go
+// several to a CTA: one 32-thread CTA per row left most of a multiprocessor's CTA slots filled
+// with idle threads). The sum of squares in double, as the CPU reference takes it. A decode step
 // normalises one row at a time, so the row's latency is the kernel's: every thread's loads are
 // issued before any is summed, and the second pass reads L1. With delta, the row is first x + delta
 // (written back to x): the residual add before the norm, in the same pass. Each element is read and
@@ -41,24 +43,30 @@ __global__ void embed_rows_kernel(const uint16_t* table, const int32_t* tokens, 
 constexpr int kNormThreads = 1024;
 constexpr int kNormUnroll = 4;
 
+// Threads per row, and rows per CTA for rows of at most 64 threads.
 int norm_threads(int dim) {
   return std::min(kNormThreads, std::max(32, (dim / kNormUnroll + 31) / 32 * 32));
+}
+dim3 norm_block(int dim) {
+  const int threads = norm_threads(dim);
+  return dim3(threads, threads <= 64 ? 256 / threads : 1);
 }
 
 template <bool kAddDelta>
 __global__ void __launch_bounds__(kNormThreads)
-    rms_norm_kernel(float* x, const float* delta, int first_rows, int first_dim,
+    rms_norm_kernel(float* x, const float* delta, int first_rows, int total_rows, int first_dim,
                     const float* first_weight, int dim2, const float* weight2, float eps,
                     float* out_f32, uint16_t* out_bf16) {
   follow_prior_grid();
   __shared__ double partial[kNormThreads / 32];
+  const int r = blockIdx.x * blockDim.y + threadIdx.y;
   // Rows past first_rows are of a second array stored right after the first (keys after queries).
-  const bool second = static_cast<int>(blockIdx.x) >= first_rows;
-  const int dim = second ? dim2 : first_dim;
+  const bool second = r >= first_rows;
+  const int dim = r < total_rows ? (second ? dim2 : first_dim) : 0;  // past the end: no work
   const float* weight = second ? weight2 : first_weight;
   const int64_t offset = second ? static_cast<int64_t>(first_rows) * first_dim +
-                                      static_cast<int64_t>(blockIdx.x - first_rows) * dim2
-                                : static_cast<int64_t>(blockIdx.x) * first_dim;
+                                      static_cast<int64_t>(r - first_rows) * dim2
+                                : static_cast<int64_t>(r) * first_dim;
   float* row = x + offset;
   const float* row_delta = kAddDelta ? delta + offset : nullptr;
   double ss = 0.0;
@@ -83,17 +91,32 @@ __global__ void __launch_bounds__(kNormThreads)
     for (int u = 0; u < kNormUnroll; ++u) ss += static_cast<double>(v[u]) * v[u];
   }
   for (int offset = 16; offset > 0; offset /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, offset);
-  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = ss;
+  const int row_warps = static_cast<int>(blockDim.x / 32);
+  if (threadIdx.x % 32 == 0) partial[threadIdx.y * row_warps + threadIdx.x / 32] = ss;
   __syncthreads();
   double total = 0.0;
-  for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) total += partial[w];
-  const float inv = static_cast<float>(1.0 / sqrt(total / dim + static_cast<double>(eps)));
+  for (int w = 0; w < row_warps; ++w) total += partial[threadIdx.y * row_warps + w];
+  const float inv =
+      dim > 0 ? static_cast<float>(1.0 / sqrt(total / dim + static_cast<double>(eps))) : 0.0f;
   for (int i = threadIdx.x; i < dim; i += blockDim.x) {
     const float y = __fmul_rn(__fmul_rn(row[i], inv), weight[i]);
     const int64_t at = offset + i;
     if (out_f32 != nullptr) out_f32[at] = y;
     if (out_bf16 != nullptr) out_bf16[at] = to_bf16_bits(y);
   }
+}
+
+template <bool kAddDelta>
+void launch_rms_norm(float* x, const float* delta, int rows, int dim, const float* weight,
+                     int rows2, int dim2, const float* weight2, float eps, float* out_f32,
+                     uint16_t* out_bf16, cudaStream_t stream) {
+  const int total = rows + rows2;
+  if (total == 0) return;
+  const dim3 block = norm_block(std::max(dim, dim2));
+  launch_overlapping(rms_norm_kernel<kAddDelta>,
+                     dim3(static_cast<unsigned>((total + block.y - 1) / block.y)), block, 0, stream,
+                     x, delta, rows, total, dim, weight, dim2, weight2, eps, out_f32, out_bf16);
+  EKVA_CUDA_CHECK(cudaGetLastError());
 }
 
 __global__ void add_bias_kernel(float* y, const float* bias, int rows, int cols) {
@@ -245,14 +268,16 @@ __global__ void gather_rows_kernel(const uint16_t* x, const int32_t* rows, int c
   }
 }
 
-// As cpu::silu_mul: gate / (1 + exp(-gate)) * up.
+// As cpu::silu_mul: gate / (1 + exp(-gate)) * up. grid: (column blocks, rows), so that no thread
+// divides a flat index by the row length (a prompt's 32k rows made that the kernel's cost).
 __global__ void silu_mul_kernel(const float* gate_up, int rows, int inter, uint16_t* out) {
   follow_prior_grid();
-  EKVA_FOR_EACH(i, static_cast<int64_t>(rows) * inter) {
-    const int64_t r = i / inter;
-    const float g = gate_up[r * 2 * inter + i % inter];
-    const float u = gate_up[r * 2 * inter + inter + i % inter];
-    out[i] = to_bf16_bits(g / (1.0f + expf(-g)) * u);
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    const float* gate = gate_up + r * 2 * inter;
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < inter; c += gridDim.x * blockDim.x) {
+      const float g = gate[c];
+      out[r * inter + c] = to_bf16_bits(g / (1.0f + expf(-g)) * gate[inter + c]);
+    }
   }
 }
 
@@ -356,29 +381,21 @@ void embed_rows(const uint16_t* table, const int32_t* tokens, int n, int hidden,
 
 void rms_norm(const float* x, int rows, int dim, const float* weight, float eps, float* out_f32,
               uint16_t* out_bf16, cudaStream_t stream) {
-  if (rows == 0) return;
   // The kernel writes x only when it adds a delta.
-  launch_overlapping(rms_norm_kernel<false>, dim3(rows), dim3(norm_threads(dim)), 0, stream,
-                     const_cast<float*>(x), nullptr, rows, dim, weight, dim, weight, eps, out_f32,
-                     out_bf16);
-  EKVA_CUDA_CHECK(cudaGetLastError());
+  launch_rms_norm<false>(const_cast<float*>(x), nullptr, rows, dim, weight, 0, dim, weight, eps,
+                         out_f32, out_bf16, stream);
 }
 
 void rms_norm_pair(float* x, int rows, int dim, const float* weight, int rows2, int dim2,
                    const float* weight2, float eps, cudaStream_t stream) {
-  if (rows + rows2 == 0) return;
-  launch_overlapping(rms_norm_kernel<false>, dim3(rows + rows2),
-                     dim3(norm_threads(std::max(dim, dim2))), 0, stream, x, nullptr, rows, dim,
-                     weight, dim2, weight2, eps, x, nullptr);
-  EKVA_CUDA_CHECK(cudaGetLastError());
+  launch_rms_norm<false>(x, nullptr, rows, dim, weight, rows2, dim2, weight2, eps, x, nullptr,
+                         stream);
 }
 
 void add_rms_norm(float* x, const float* delta, int rows, int dim, const float* weight, float eps,
                   float* out_f32, uint16_t* out_bf16, cudaStream_t stream) {
-  if (rows == 0) return;
-  launch_overlapping(rms_norm_kernel<true>, dim3(rows), dim3(norm_threads(dim)), 0, stream, x,
-                     delta, rows, dim, weight, dim, weight, eps, out_f32, out_bf16);
-  EKVA_CUDA_CHECK(cudaGetLastError());
+  launch_rms_norm<true>(x, delta, rows, dim, weight, 0, dim, weight, eps, out_f32, out_bf16,
+                        stream);
 }
 
 void add_bias(float* y, const float* bias, int rows, int cols, cudaStream_t stream) {
@@ -439,8 +456,10 @@ void gather_rows(const uint16_t* x, const int32_t* rows, int count, int cols, ui
 }
 
 void silu_mul(const float* gate_up, int rows, int inter, uint16_t* out, cudaStream_t stream) {
-  launch_overlapping(silu_mul_kernel, dim3(grid_for(static_cast<int64_t>(rows) * inter)),
-                     dim3(kThreads), 0, stream, gate_up, rows, inter, out);
+  if (rows == 0) return;
+  launch_overlapping(silu_mul_kernel,
+                     dim3((inter + kThreads - 1) / kThreads, std::min(rows, 65535)), dim3(kThreads),
+                     0, stream, gate_up, rows, inter, out);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 

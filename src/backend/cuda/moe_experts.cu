@@ -412,19 +412,32 @@ int multiprocessors() {
   return count;
 }
 
+// grid: (column blocks, tokens): a CTA's threads read one token's pairs' rows side by side (no
+// thread divides a flat index by the hidden size), the pairs' rows and gates fetched once per CTA
+// so that every row's load is issued before any is added. Top-k of at most 32 (route_tokens').
+constexpr int kMaxCombinedPairs = 32;
 __global__ void combine_kernel(const float* y, const MoePairs p, int n, int k, int hidden,
                                int disabled_expert, float* out) {
   follow_prior_grid();
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-       i < static_cast<int64_t>(n) * hidden; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t t = i / hidden;
-    float v = 0.0f;
-    for (int r = 0; r < k; ++r) {
-      const int j = p.token_pairs[t * k + r];
-      if (p.expert[j] != disabled_expert)
-        v += p.gate[j] * y[static_cast<int64_t>(j) * hidden + i % hidden];
+  __shared__ int64_t row[kMaxCombinedPairs];
+  __shared__ float gate[kMaxCombinedPairs];
+  __shared__ bool added[kMaxCombinedPairs];
+  for (int64_t t = blockIdx.y; t < n; t += gridDim.y) {
+    __syncthreads();  // the previous token's rows are read
+    if (threadIdx.x < k) {
+      const int j = p.token_pairs[t * k + threadIdx.x];
+      row[threadIdx.x] = static_cast<int64_t>(j) * hidden;
+      gate[threadIdx.x] = p.gate[j];
+      added[threadIdx.x] = p.expert[j] != disabled_expert;
     }
-    out[i] = v;
+    __syncthreads();
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < hidden; c += gridDim.x * blockDim.x) {
+      float v = 0.0f;
+      for (int r = 0; r < k; ++r) {
+        if (added[r]) v += gate[r] * y[row[r] + c];
+      }
+      out[t * hidden + c] = v;
+    }
   }
 }
 
@@ -583,9 +596,13 @@ void skinny_gemm_blocks(const uint16_t* x, int n, const uint16_t* w, int first_r
 
 void combine_pairs(const float* y, const MoePairs& pairs, int n, int k, int hidden,
                    int disabled_expert, float* out, cudaStream_t stream) {
-  const int64_t work = static_cast<int64_t>(n) * hidden;
-  const int blocks = static_cast<int>(std::min<int64_t>((work + 255) / 256, 65535));
-  launch_overlapping(combine_kernel, dim3(blocks), dim3(256), 0, stream, y, pairs, n, k, hidden,
+  if (k < 1 || k > kMaxCombinedPairs) {
+    fail(ErrorKind::kUnsupported, "combine_pairs: top-{} (at most {})", k, kMaxCombinedPairs);
+  }
+  if (n == 0) return;
+  constexpr int kCombineThreads = 256;
+  const dim3 grid((hidden + kCombineThreads - 1) / kCombineThreads, std::min(n, 65535));
+  launch_overlapping(combine_kernel, grid, dim3(kCombineThreads), 0, stream, y, pairs, n, k, hidden,
                      disabled_expert, out);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }

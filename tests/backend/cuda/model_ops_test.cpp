@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "backend/cpu/ops.h"
 #include "backend/cuda/device_buffer.h"
 #include "core/error.h"
 #include "paged_kv_fixture.h"
@@ -182,6 +183,53 @@ TEST(RouteExperts, LogitsTopKAndGatesMatchTheHost) {
   EXPECT_THROW(route_experts(nullptr, nullptr, 1, 1022, 64, 2, true, nullptr, nullptr, nullptr,
                              nullptr, nullptr),
                Error);
+}
+
+// Rows of 128 and 72 (QK-norm's heads, several to a CTA, the last CTA partly past the end), and
+// 40 rows of 1000 with a residual added first, against the CPU's norm: the same float32 products
+// of a double sum of squares, so equal to rounding of that sum.
+TEST(RmsNorm, ShortRowsManyToACtaAndResidualRowsMatchTheCpu) {
+  EKVA_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(31);
+  std::uniform_real_distribution<float> value(-2.0f, 2.0f);
+  const auto random = [&](size_t count) {
+    std::vector<float> v(count);
+    for (float& x : v) x = value(rng);
+    return v;
+  };
+  constexpr float kEps = 1e-6f;
+  const int rows = 301, dim = 128, rows2 = 13, dim2 = 72;
+  const std::vector<float> x = random(static_cast<size_t>(rows) * dim + rows2 * dim2);
+  const std::vector<float> w = random(dim), w2 = random(dim2);
+  DeviceBuffer<float> x_d{std::span<const float>(x)}, w_d{std::span<const float>(w)},
+      w2_d{std::span<const float>(w2)};
+  rms_norm_pair(x_d.data(), rows, dim, w_d.data(), rows2, dim2, w2_d.data(), kEps, nullptr);
+  std::vector<float> want = x;
+  cpu::rms_norm(want.data(), rows, dim, w.data(), kEps);
+  cpu::rms_norm(want.data() + static_cast<size_t>(rows) * dim, rows2, dim2, w2.data(), kEps);
+  const std::vector<float> got = x_d.download();
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_NEAR(got[i], want[i], 1e-6f * std::abs(want[i]) + 1e-7f) << "element " << i;
+  }
+
+  const int n = 40, hidden = 1000;
+  const std::vector<float> r = random(static_cast<size_t>(n) * hidden);
+  const std::vector<float> delta = random(r.size()), wh = random(hidden);
+  DeviceBuffer<float> r_d{std::span<const float>(r)}, delta_d{std::span<const float>(delta)},
+      wh_d{std::span<const float>(wh)}, out_d(r.size());
+  DeviceBuffer<uint16_t> out_bf16_d(r.size());
+  add_rms_norm(r_d.data(), delta_d.data(), n, hidden, wh_d.data(), kEps, out_d.data(),
+               out_bf16_d.data(), nullptr);
+  std::vector<float> sum(r.size()), normed(r.size());
+  for (size_t i = 0; i < r.size(); ++i) sum[i] = r[i] + delta[i];
+  cpu::rms_norm(sum.data(), normed.data(), n, hidden, wh.data(), kEps);
+  const std::vector<float> got_sum = r_d.download(), got_normed = out_d.download();
+  const std::vector<uint16_t> got_bf16 = out_bf16_d.download();
+  for (size_t i = 0; i < r.size(); ++i) {
+    ASSERT_EQ(got_sum[i], sum[i]) << "element " << i;
+    ASSERT_NEAR(got_normed[i], normed[i], 1e-6f * std::abs(normed[i]) + 1e-7f) << "element " << i;
+    ASSERT_EQ(got_bf16[i], f32_to_bf16(got_normed[i])) << "element " << i;
+  }
 }
 
 }  // namespace

@@ -123,21 +123,66 @@ void run_case(const Case& c, uint32_t seed) {
     EKVA_CUDA_CHECK(cudaDeviceSynchronize());
     const std::vector<float> got = out.download();
     const std::vector<int32_t> sorted = ints.download();
+    std::vector<double> want(got.size()), magnitude(got.size());
     for (int j = 0; j < pairs; ++j) {
       const int token = sorted[j], expert = sorted[pairs + j];
       const uint16_t* x = input_is_token ? tokens.data() + static_cast<size_t>(token) * c.in_cols
                                          : pair_rows.data() + static_cast<size_t>(j) * c.in_cols;
       for (int r = 0; r < c.out_rows; ++r) {
         const uint16_t* w = weights[expert].data() + static_cast<size_t>(r) * c.in_cols;
-        double want = 0.0, magnitude = 0.0;
+        const size_t at = static_cast<size_t>(j) * c.out_rows + r;
         for (int i = 0; i < c.in_cols; ++i) {
           const double term = static_cast<double>(bf16_to_f32(w[i])) * bf16_to_f32(x[i]);
-          want += term;
-          magnitude += std::abs(term);
+          want[at] += term;
+          magnitude[at] += std::abs(term);
         }
         // fp32 accumulation of in_cols products.
-        ASSERT_NEAR(got[static_cast<size_t>(j) * c.out_rows + r], want, 1e-5 * magnitude + 1e-6)
+        ASSERT_NEAR(got[at], want[at], 1e-5 * magnitude[at] + 1e-6)
             << "pair " << j << " (token " << token << ", expert " << expert << ") row " << r;
+      }
+    }
+    if (!input_is_token) continue;
+
+    // The product as a gate-and-up one (the first half of the rows gates, the second is up):
+    // silu_mul forms bf16(silu(gate) * up) of each pair's row.
+    if (c.out_rows % 2 == 0) {
+      const int inter = c.out_rows / 2;
+      DeviceBuffer<uint16_t> h(static_cast<size_t>(pairs) * inter);
+      silu_mul(out.data(), pairs, inter, h.data(), nullptr);
+      EKVA_CUDA_CHECK(cudaDeviceSynchronize());
+      const std::vector<uint16_t> got_h = h.download();
+      for (int j = 0; j < pairs; ++j) {
+        for (int r = 0; r < inter; ++r) {
+          const size_t gate = static_cast<size_t>(j) * c.out_rows + r, up = gate + inter;
+          const float want_h = got[gate] / (1.0f + std::exp(-got[gate])) * got[up];
+          // The device's expf may differ from the host's in the last place: one bf16 step.
+          ASSERT_NEAR(bf16_to_f32(got_h[static_cast<size_t>(j) * inter + r]), want_h,
+                      std::abs(want_h) / 128)
+              << "SwiGLU of pair " << j << " row " << r;
+        }
+      }
+    }
+
+    // The gated sum of each token's pairs' outputs in ascending expert order, one expert (the
+    // first token's second) left out wherever it was picked.
+    const std::vector<float> sorted_gates = pair_gates.download();
+    DeviceBuffer<float> combined(static_cast<size_t>(c.tokens) * c.out_rows);
+    const int disabled = experts[std::min(1, c.top_k - 1)];
+    combine_pairs(out.data(), p, c.tokens, c.top_k, c.out_rows, disabled, combined.data(), nullptr);
+    EKVA_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<float> got_combined = combined.download();
+    for (int t = 0; t < c.tokens; ++t) {
+      for (int r = 0; r < c.out_rows; ++r) {
+        double sum = 0.0, scale = 0.0;
+        for (int i = 0; i < c.top_k; ++i) {
+          const int j = sorted[2 * pairs + t * c.top_k + i];
+          if (sorted[pairs + j] == disabled) continue;
+          const float y = got[static_cast<size_t>(j) * c.out_rows + r];
+          sum += static_cast<double>(sorted_gates[j]) * y;
+          scale += std::abs(static_cast<double>(y));
+        }
+        ASSERT_NEAR(got_combined[static_cast<size_t>(t) * c.out_rows + r], sum, 1e-6 * scale + 1e-7)
+            << "token " << t << " row " << r;
       }
     }
   }
@@ -164,6 +209,11 @@ TEST_F(GroupedGemmTest, OneTokenFineGrainedOddSizes) {
 
 TEST_F(GroupedGemmTest, FullBatchOfTokensSharingExperts) {
   run_case({16, 4, kMaxGroupedTokens, 72, 136}, 2);
+}
+
+// Few CTAs over many columns: the product is cut along its columns, the parts added atomically.
+TEST_F(GroupedGemmTest, ColumnSplitProductsOfManyTokens) {
+  run_case({4, 1, 70, 48, 1000}, 14);
 }
 
 TEST_F(GroupedGemmTest, FineGrainedExpertsOddSizes) {
