@@ -34,12 +34,12 @@ __global__ void embed_rows_kernel(const uint16_t* table, const int32_t* tokens, 
 }
 
 // blockDim.x threads per row, blockDim.y rows per CTA (short rows, such as QK-norm's heads, go
-// several to a CTA: one 32-thread CTA per row left most of a multiprocessor's CTA slots filled
-// with idle threads). The sum of squares in double, as the CPU reference takes it. A decode step
-// normalises one row at a time, so the row's latency is the kernel's: every thread's loads are
-// issued before any is summed, and the second pass reads L1. With delta, the row is first x + delta
-// (written back to x): the residual add before the norm, in the same pass. Each element is read and
-// written by the same thread in both passes.
+// several to a CTA: with one 32-thread CTA per row a multiprocessor reached its limit of CTAs
+// holding half the threads it can run). The sum of squares in double, as the CPU reference takes
+// it. A decode step normalises one row at a time, so the row's latency is the kernel's: every
+// thread's loads are issued before any is summed, and the second pass reads L1. With delta, the row
+// is first x + delta (written back to x): the residual add before the norm, in the same pass. Each
+// element is read and written by the same thread in both passes.
 constexpr int kNormThreads = 1024;
 constexpr int kNormUnroll = 4;
 
@@ -269,7 +269,7 @@ __global__ void gather_rows_kernel(const uint16_t* x, const int32_t* rows, int c
 }
 
 // As cpu::silu_mul: gate / (1 + exp(-gate)) * up. grid: (column blocks, rows), so that no thread
-// divides a flat index by the row length (a prompt's 32k rows made that the kernel's cost).
+// divides a 64-bit flat index by the row length for every element.
 __global__ void silu_mul_kernel(const float* gate_up, int rows, int inter, uint16_t* out) {
   follow_prior_grid();
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
@@ -456,7 +456,7 @@ void gather_rows(const uint16_t* x, const int32_t* rows, int count, int cols, ui
 }
 
 void silu_mul(const float* gate_up, int rows, int inter, uint16_t* out, cudaStream_t stream) {
-  if (rows == 0) return;
+  if (rows == 0 || inter == 0) return;
   launch_overlapping(silu_mul_kernel,
                      dim3((inter + kThreads - 1) / kThreads, std::min(rows, 65535)), dim3(kThreads),
                      0, stream, gate_up, rows, inter, out);

@@ -183,7 +183,7 @@ bool combined_gemv_supported(int n, int top_k);
 void grouped_gemm_combined(const GroupedGemm& gemm, const MoePairs& pairs, int top_k,
                            int disabled_expert, float* out, cudaStream_t stream);
 // out[t] = the sum of gate * y[pair] over token t's pairs in ascending expert order, skipping
-// disabled_expert (-1: none).
+// disabled_expert (-1: none). Top-k of 1 to 32, as route_tokens takes.
 void combine_pairs(const float* y, const MoePairs& pairs, int n, int top_k, int hidden,
                    int disabled_expert, float* out, cudaStream_t stream);
 

@@ -599,7 +599,7 @@ void combine_pairs(const float* y, const MoePairs& pairs, int n, int k, int hidd
   if (k < 1 || k > kMaxCombinedPairs) {
     fail(ErrorKind::kUnsupported, "combine_pairs: top-{} (at most {})", k, kMaxCombinedPairs);
   }
-  if (n == 0) return;
+  if (n == 0 || hidden == 0) return;
   constexpr int kCombineThreads = 256;
   const dim3 grid((hidden + kCombineThreads - 1) / kCombineThreads, std::min(n, 65535));
   launch_overlapping(combine_kernel, grid, dim3(kCombineThreads), 0, stream, y, pairs, n, k, hidden,

@@ -216,6 +216,12 @@ TEST_F(GroupedGemmTest, ColumnSplitProductsOfManyTokens) {
   run_case({4, 1, 70, 48, 1000}, 14);
 }
 
+// A top-k beyond what combine_pairs holds per token is refused before anything is launched.
+TEST_F(GroupedGemmTest, CombineRefusesTopKAbove32) {
+  EXPECT_THROW(combine_pairs(nullptr, MoePairs{}, 1, 33, 64, -1, nullptr, nullptr), Error);
+  EXPECT_THROW(combine_pairs(nullptr, MoePairs{}, 1, 0, 64, -1, nullptr, nullptr), Error);
+}
+
 TEST_F(GroupedGemmTest, FineGrainedExpertsOddSizes) {
   run_case({128, 8, 5, 97, 520}, 3);
 }
