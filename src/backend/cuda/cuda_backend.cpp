@@ -126,8 +126,8 @@ CudaBackend::CudaBackend(std::shared_ptr<const DeviceModel> weights, int64_t row
   EKVA_CUDA_CHECK(cudaMemsetAsync(pool_.data(), 0, pool_.bytes(), stream_));
   EKVA_CUDA_CHECK(cudaMemsetAsync(meta_.data(), 0, meta_.bytes(), stream_));
   EKVA_CUDA_CHECK(cudaMemsetAsync(flags_.data(), 0, flags_.bytes(), stream_));  // apply_all's
-  route_counters_ = DeviceBuffer<uint32_t>(kMaxRoutedTokens);
-  EKVA_CUDA_CHECK(cudaMemsetAsync(route_counters_.data(), 0, route_counters_.bytes(), stream_));
+  router_workspace_ = DeviceBuffer<uint32_t>(kRouterWorkspaceWords);
+  EKVA_CUDA_CHECK(cudaMemsetAsync(router_workspace_.data(), 0, router_workspace_.bytes(), stream_));
 }
 
 CudaBackend::~CudaBackend() {
@@ -408,7 +408,7 @@ void CudaBackend::moe_block(int layer, int moe_index, const StepPlan& plan, KvLa
   float* gates_d = gates_.data() + moe_index * pairs;
   if (route_experts_supported(n, hidden, E)) {
     route_experts(normed_.data(), D.router.data(), n, hidden, E, k, s.norm_topk_prob, logits,
-                  experts_d, gates_d, route_counters_.data(), stream_);
+                  experts_d, gates_d, router_workspace_.data(), stream_);
   } else {
     gemm_->f32(normed_.data(), n, D.router.data(), E, hidden, logits);
     route_tokens(logits, n, E, k, s.norm_topk_prob, experts_d, gates_d, stream_);

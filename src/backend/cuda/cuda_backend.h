@@ -165,7 +165,7 @@ class CudaBackend : public Backend {
   DeviceBuffer<uint8_t> decode_schedules_, decode_scratch_;
   PinnedBuffer<uint8_t> decode_schedules_host_;
   DeviceBuffer<int32_t> experts_, expert_rows_, pair_ints_;  // experts_: [MoE layer, token, k]
-  DeviceBuffer<uint32_t> route_counters_;                    // route_experts', zero between calls
+  DeviceBuffer<uint32_t> router_workspace_;                  // route_experts'
   DeviceBuffer<float> expert_gates_, pair_gates_;
   // This step's (layer, MoE index) whose routing is still on the device.
   std::vector<std::pair<int, int>> routed_on_device_;

@@ -209,23 +209,27 @@ __global__ void route_kernel(const float* logits, int n, int num_experts, int to
               gates + static_cast<int64_t>(token) * top_k);
 }
 
-// Grid (experts, tokens): CTA (e, t) takes the logit of expert e for token t, a float32 dot product
-// over the hidden size spread over the CTA's threads, whose loads are all issued before any is
-// summed (a decode step's router is latency-bound). The CTA that finishes a token's last logit
-// routes the token; counters[t] counts the finished logits and is left at zero for the next call.
-constexpr int kRouterThreads = 256;
+// Grid (experts x slices, tokens): CTA (e * slices + s, t) takes slice s of the dot product of
+// token t's row with expert e's, spread over the CTA's threads, whose loads are all issued before
+// any is summed (a decode step's router is latency-bound: more, shorter slices keep more loads in
+// flight). The CTA that finishes a token's last slice adds each logit's slices in order and routes
+// the token; counters[t] counts the finished slices and is left at zero for the next call.
+constexpr int kRouterThreads = 128;
 constexpr int kRouterUnroll = 4;
+constexpr int kMaxRouterSlices = 16;
 __global__ void __launch_bounds__(kRouterThreads)
-    route_experts_kernel(const float* x, const float* w, int hidden, int num_experts, int top_k,
-                         bool renormalise, float* logits, int32_t* experts, float* gates,
-                         uint32_t* counters) {
+    route_experts_kernel(const float* x, const float* w, int hidden, int num_experts, int slices,
+                         int top_k, bool renormalise, float* logits, int32_t* experts, float* gates,
+                         uint32_t* workspace) {
   follow_prior_grid();
   __shared__ float partial[kRouterThreads / 32];
   __shared__ bool last;
-  const int e = blockIdx.x, token = blockIdx.y;
-  const auto* xv = reinterpret_cast<const float4*>(x + static_cast<int64_t>(token) * hidden);
-  const auto* wv = reinterpret_cast<const float4*>(w + static_cast<int64_t>(e) * hidden);
-  const int quads = hidden / 4;
+  const int e = blockIdx.x / slices, s = blockIdx.x % slices, token = blockIdx.y;
+  const int quads = hidden / 4 / slices;
+  const auto* xv =
+      reinterpret_cast<const float4*>(x + static_cast<int64_t>(token) * hidden) + s * quads;
+  const auto* wv =
+      reinterpret_cast<const float4*>(w + static_cast<int64_t>(e) * hidden) + s * quads;
   float sum = 0.0f;
   for (int base = threadIdx.x; base < quads; base += kRouterThreads * kRouterUnroll) {
     float4 a[kRouterUnroll], b[kRouterUnroll];
@@ -243,21 +247,44 @@ __global__ void __launch_bounds__(kRouterThreads)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (lane == 0) partial[warp] = sum;
   __syncthreads();
-  float* token_logits = logits + static_cast<int64_t>(token) * num_experts;
+  uint32_t* counters = workspace;
+  float* partials = reinterpret_cast<float*>(workspace + kMaxRoutedTokens) +
+                    static_cast<int64_t>(token) * kRouterPartials;
   if (threadIdx.x == 0) {
     float total = 0.0f;
     for (int i = 0; i < kRouterThreads / 32; ++i) total += partial[i];
-    token_logits[e] = total;
-    __threadfence();  // the logit before its count
+    partials[blockIdx.x] = total;
+    __threadfence();  // the slice's sum before its count
     last = atomicAdd(counters + token, 1u) == gridDim.x - 1;
   }
   __syncthreads();
-  if (!last || warp != 0) return;
-  __threadfence();  // every logit of the token is visible once its count is complete
+  if (!last) return;
+  __threadfence();  // every slice of the token is visible once its count is complete
+  float* token_logits = logits + static_cast<int64_t>(token) * num_experts;
+  for (int i = threadIdx.x; i < num_experts; i += kRouterThreads) {
+    float logit = 0.0f;
+    for (int j = 0; j < slices; ++j) logit += __ldcg(partials + i * slices + j);
+    token_logits[i] = logit;
+  }
+  __threadfence();  // route_token reads the logits through L2
+  __syncthreads();
+  if (warp != 0) return;
   route_token(token_logits, num_experts, top_k, renormalise,
               experts + static_cast<int64_t>(token) * top_k,
               gates + static_cast<int64_t>(token) * top_k);
   if (lane == 0) counters[token] = 0;
+}
+
+// Slices of the hidden size per logit: a power of two, as many as keep experts x slices within
+// kRouterPartials (about two CTAs per multiprocessor for one token), each a whole number of
+// float4s.
+int router_slices(int hidden, int num_experts) {
+  int slices = 1;
+  while (slices * 2 <= kMaxRouterSlices && num_experts * slices * 2 <= kRouterPartials &&
+         hidden % (4 * slices * 2) == 0) {
+    slices *= 2;
+  }
+  return slices;
 }
 
 __global__ void gather_rows_kernel(const uint16_t* x, const int32_t* rows, int count, int cols,
@@ -417,23 +444,24 @@ void to_bf16(const float* x, int64_t count, uint16_t* out, cudaStream_t stream) 
 }
 
 bool route_experts_supported(int n, int hidden, int num_experts) {
-  return n <= kMaxRoutedTokens && hidden % 4 == 0 && num_experts >= kMinRoutedExperts &&
+  return n <= kMaxRoutedTokens && hidden % 4 == 0 && num_experts >= 1 &&
          num_experts <= 32 * kMaxExpertsPerLane;
 }
 
 void route_experts(const float* x, const float* router, int n, int hidden, int num_experts,
                    int top_k, bool renormalise, float* logits, int32_t* experts, float* gates,
-                   uint32_t* counters, cudaStream_t stream) {
-  if (!route_experts_supported(n, hidden, num_experts) || top_k > 32) {
+                   uint32_t* workspace, cudaStream_t stream) {
+  if (!route_experts_supported(n, hidden, num_experts) || top_k > 32 || top_k > num_experts) {
     fail(ErrorKind::kUnsupported,
          "route_experts: {} tokens (at most {}), hidden size {} (a multiple of 4), {} experts (at "
          "most {}), top-{}",
          n, kMaxRoutedTokens, hidden, num_experts, 32 * kMaxExpertsPerLane, top_k);
   }
   if (n == 0) return;
-  launch_overlapping(route_experts_kernel, dim3(num_experts, n), dim3(kRouterThreads), 0, stream, x,
-                     router, hidden, num_experts, top_k, renormalise, logits, experts, gates,
-                     counters);
+  const int slices = router_slices(hidden, num_experts);
+  launch_overlapping(route_experts_kernel, dim3(num_experts * slices, n), dim3(kRouterThreads), 0,
+                     stream, x, router, hidden, num_experts, slices, top_k, renormalise, logits,
+                     experts, gates, workspace);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 

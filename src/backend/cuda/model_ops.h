@@ -42,16 +42,17 @@ void to_bf16(const float* x, int64_t count, uint16_t* out, cudaStream_t stream);
 void route_tokens(const float* logits, int n, int num_experts, int top_k, bool renormalise,
                   int32_t* experts, float* gates, cudaStream_t stream);
 // The router's float32 logits (x [n, hidden] times router [num_experts, hidden] transposed, into
-// logits) and route_tokens in one kernel, for the few tokens of a decode step of a model with
-// many experts, where a GEMV through cuBLAS and the routing took three kernels (with 8 experts
-// the three were faster: docs/BENCHMARKS.md). counters: [kMaxRoutedTokens], zero before the call
-// and left at zero.
+// logits) and route_tokens in one kernel, for the few tokens of a decode step, where a GEMV
+// through cuBLAS and the routing took two or three kernels. Each logit's dot product is cut into
+// up to 16 slices of the hidden size, whose sums are added in slice order. workspace:
+// [kRouterWorkspaceWords], zero before the first call; calls leave it fit for the next.
 inline constexpr int kMaxRoutedTokens = 64;
-inline constexpr int kMinRoutedExperts = 32;
+inline constexpr int kRouterPartials = 256;  // experts x slices per token, at most
+inline constexpr size_t kRouterWorkspaceWords = size_t{kMaxRoutedTokens} * (1 + kRouterPartials);
 bool route_experts_supported(int n, int hidden, int num_experts);
 void route_experts(const float* x, const float* router, int n, int hidden, int num_experts,
                    int top_k, bool renormalise, float* logits, int32_t* experts, float* gates,
-                   uint32_t* counters, cudaStream_t stream);
+                   uint32_t* workspace, cudaStream_t stream);
 
 // cpu::attention for one layer: each token's query heads over the retained slots of its
 // (sequence, KV head) whose position is at most the token's, softmax scale 1/sqrt(head_dim).
