@@ -118,12 +118,14 @@ constexpr int kRows = 16 * kWarps;  // weight rows per CTA
 constexpr int kCols = 64;           // input columns per pipeline stage
 
 // A step's shape of the grouped product for at most Tokens pairs per expert: the weight tile and
-// the input tile of a stage, and as many stages as keep two CTAs on a multiprocessor. A GEMV-like
-// product is bound by the bytes in flight, so fewer tokens buy deeper pipelines.
+// the input tile of a stage, and the stages. A GEMV-like product is bound by the bytes in flight,
+// so few tokens take deep pipelines (six stages, two CTAs per multiprocessor); 64 tokens take
+// three, so that three CTAs fit on a multiprocessor: as many bytes in flight as four stages of two
+// CTAs, and half as many warps again to keep the tensor cores fed on a prompt.
 template <int Tokens>
 struct GroupedGemmShape {
   static constexpr int kStageElements = (kRows + Tokens) * kCols;
-  static constexpr int kStages = Tokens <= 16 ? 6 : 4;
+  static constexpr int kStages = Tokens <= 16 ? 6 : 3;
   static constexpr int kSharedBytes = kStages * kStageElements * static_cast<int>(sizeof(uint16_t));
 };
 
