@@ -84,6 +84,17 @@ __global__ void __launch_bounds__(kSelectThreads)
   }
   const float* x = logits + base;
   const double mx = x[tokens[row]], temperature = d.temperature;
+  const auto weight = [&](int i) { return exp((static_cast<double>(x[i]) - mx) / temperature); };
+  if (walks_in_id_order(d, vocab)) {  // the total alone: no bound, so no histogram
+    double total = 0.0;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) total += weight(i);
+    total = Reduce(reduce).Sum(total);
+    if (threadIdx.x == 0) {
+      totals[row] = total;
+      ends[row] = static_cast<int32_t>(base);
+    }
+    return;
+  }
   float mn = x[0];
   for (int b = threadIdx.x; b < kBuckets; b += blockDim.x) {
     bucket_mass[b] = 0.0f;
@@ -101,20 +112,13 @@ __global__ void __launch_bounds__(kSelectThreads)
   };
   double total = 0.0;
   for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-    const double w = exp((static_cast<double>(x[i]) - mx) / temperature);
+    const double w = weight(i);
     total += w;
     const int b = bucket_of(x[i]);
     atomicAdd(&bucket_mass[b], static_cast<float>(w));
     atomicAdd(&bucket_count[b], 1);
   }
   total = Reduce(reduce).Sum(total);
-  if (walks_in_id_order(d, vocab)) {
-    if (threadIdx.x == 0) {
-      totals[row] = total;
-      ends[row] = static_cast<int32_t>(base);
-    }
-    return;
-  }
   if (threadIdx.x == 0) {
     totals[row] = total;
     // The last bucket kept: the one that completes the top-k, or without top-k the first whose
