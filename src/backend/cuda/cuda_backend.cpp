@@ -406,9 +406,15 @@ void CudaBackend::moe_block(int layer, int moe_index, const StepPlan& plan, KvLa
   // Each MoE layer's routing stays on the device until the step ends (experts_, gates_).
   int32_t* experts_d = experts_.data() + moe_index * pairs;
   float* gates_d = gates_.data() + moe_index * pairs;
+  const bool grouped = experts_grouped(n, observer);
+  const MoePairs p =
+      moe_pairs(scratch(pair_ints_, moe_pair_ints(pairs)), scratch(pair_gates_, pairs), pairs);
+  // A one-token step's router writes its pairs in order itself, which saves the sort's kernel.
+  const bool router_sorts = grouped && n == 1 && route_experts_supported(n, hidden, E);
   if (route_experts_supported(n, hidden, E)) {
     route_experts(normed_.data(), D.router.data(), n, hidden, E, k, s.norm_topk_prob, logits,
-                  experts_d, gates_d, router_workspace_.data(), stream_);
+                  experts_d, gates_d, router_workspace_.data(), router_sorts ? &p : nullptr,
+                  stream_);
   } else {
     gemm_->f32(normed_.data(), n, D.router.data(), E, hidden, logits);
     route_tokens(logits, n, E, k, s.norm_topk_prob, experts_d, gates_d, stream_);
@@ -417,7 +423,7 @@ void CudaBackend::moe_block(int layer, int moe_index, const StepPlan& plan, KvLa
   // experts on the device: no host round trip per layer, and each touched expert's weights read
   // once per group of its pairs on the tensor cores. Others (a coarse model's prompt, observers
   // that read K/V or expert outputs) run one cuBLAS product per touched expert.
-  if (experts_grouped(n, observer)) {
+  if (grouped) {
     if (observer == nullptr) {
       routed_on_device_.emplace_back(layer, moe_index);
     } else {  // one that reads the routing alone (a prompt's recorder)
@@ -437,7 +443,7 @@ void CudaBackend::moe_block(int layer, int moe_index, const StepPlan& plan, KvLa
       observer->on_layer_routed(layer, batch, layout, nullptr, nullptr, experts.data(),
                                 gates.data(), k);
     }
-    grouped_experts(layer, n, experts_d, gates_d, y, delta);  // writes delta
+    grouped_experts(layer, n, experts_d, gates_d, p, router_sorts, y, delta);  // writes delta
   } else {
     EKVA_CUDA_CHECK(
         cudaMemsetAsync(delta, 0, static_cast<size_t>(n) * hidden * sizeof(float), stream_));
@@ -472,14 +478,12 @@ bool CudaBackend::experts_grouped(int n, const ForwardObserver* observer) const 
 }
 
 void CudaBackend::grouped_experts(int layer, int n, const int32_t* experts, const float* gates,
-                                  float* y, float* delta) {
+                                  const MoePairs& p, bool sorted, float* y, float* delta) {
   const ModelSpec& s = weights_->spec();
   const DeviceLayer& D = weights_->layer(layer);
   const int E = s.num_experts, k = s.top_k, hidden = s.hidden_size, inter = s.expert_intermediate;
   const size_t pairs = static_cast<size_t>(n) * k;
-  const MoePairs p =
-      moe_pairs(scratch(pair_ints_, moe_pair_ints(pairs)), scratch(pair_gates_, pairs), pairs);
-  sort_pairs(experts, gates, n, k, E, p, stream_);
+  if (!sorted) sort_pairs(experts, gates, n, k, E, p, stream_);
   const auto product = [&](const GroupedGemm& g) { grouped_gemm(g, p, n, k, E, stream_); };
   // A one-token step's products are GEMVs that also apply the SwiGLU and gate and add the
   // experts' outputs, which then take no kernels of their own.

@@ -28,6 +28,8 @@
 
 namespace ekva::cuda {
 
+struct MoePairs;
+
 class CudaBackend : public Backend {
  public:
   // Uploads the model's weights. The layout must store bf16 (the device pool's element type).
@@ -101,9 +103,10 @@ class CudaBackend : public Backend {
   // alone).
   bool experts_grouped(int n, const ForwardObserver* observer) const;
   // The routed experts as grouped products that read each touched expert's weights once for each
-  // group of its pairs; the host learns the routing when the step ends.
-  void grouped_experts(int layer, int n, const int32_t* experts, const float* gates, float* y,
-                       float* delta);
+  // group of its pairs, which it sorts into `pairs` unless the router has (sorted); the host
+  // learns the routing when the step ends.
+  void grouped_experts(int layer, int n, const int32_t* experts, const float* gates,
+                       const MoePairs& pairs, bool sorted, float* y, float* delta);
   // The routed experts with the routing on the host: one product per touched expert over its
   // rows (prefill), and the observer's callbacks.
   void host_routed_experts(int layer, int moe_index, const StepPlan& plan, KvLayout& layout,

@@ -139,9 +139,9 @@ __global__ void to_bf16_kernel(const float* x, int64_t count, uint16_t* out) {
 constexpr int kMaxExpertsPerLane = 8;  // 256 experts
 
 // One warp routes one token from its logits l (read through L2: route_experts_kernel's are written
-// by other CTAs of the same grid).
+// by other CTAs of the same grid). Lane i < top_k returns the i-th pick in expert and gate.
 __device__ void route_token(const float* l, int num_experts, int top_k, bool renormalise,
-                            int32_t* experts, float* gates) {
+                            int32_t* experts, float* gates, int& expert, float& gate) {
   const int lane = threadIdx.x % 32;
   float p[kMaxExpertsPerLane];
   float mx = -FLT_MAX;
@@ -193,9 +193,11 @@ __device__ void route_token(const float* l, int num_experts, int top_k, bool ren
     top_sum += best;
     if (best_e % 32 == lane) p[best_e / 32] = -1.0f;
   }
+  expert = chosen_e;
+  gate = renormalise ? chosen_p / top_sum : chosen_p;
   if (lane < top_k) {
-    experts[lane] = chosen_e;
-    gates[lane] = renormalise ? chosen_p / top_sum : chosen_p;
+    experts[lane] = expert;
+    gates[lane] = gate;
   }
 }
 
@@ -204,9 +206,11 @@ __global__ void route_kernel(const float* logits, int n, int num_experts, int to
   follow_prior_grid();
   const int token = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   if (token >= n) return;
+  int expert;
+  float gate;
   route_token(logits + static_cast<int64_t>(token) * num_experts, num_experts, top_k, renormalise,
               experts + static_cast<int64_t>(token) * top_k,
-              gates + static_cast<int64_t>(token) * top_k);
+              gates + static_cast<int64_t>(token) * top_k, expert, gate);
 }
 
 // Grid (experts x slices, tokens): CTA (e * slices + s, t) takes slice s of the dot product of
@@ -220,7 +224,7 @@ constexpr int kMaxRouterSlices = 16;
 __global__ void __launch_bounds__(kRouterThreads)
     route_experts_kernel(const float* x, const float* w, int hidden, int num_experts, int slices,
                          int top_k, bool renormalise, float* logits, int32_t* experts, float* gates,
-                         uint32_t* workspace) {
+                         uint32_t* workspace, const MoePairs one_token_pairs) {
   follow_prior_grid();
   __shared__ float partial[kRouterThreads / 32];
   __shared__ bool last;
@@ -269,18 +273,40 @@ __global__ void __launch_bounds__(kRouterThreads)
   __threadfence();  // route_token reads the logits through L2
   __syncthreads();
   if (warp != 0) return;
+  int expert;
+  float gate;
   route_token(token_logits, num_experts, top_k, renormalise,
               experts + static_cast<int64_t>(token) * top_k,
-              gates + static_cast<int64_t>(token) * top_k);
+              gates + static_cast<int64_t>(token) * top_k, expert, gate);
   if (lane == 0) counters[token] = 0;
+  if (one_token_pairs.token == nullptr) return;
+  // The token's picks are distinct experts: a pick's slot is the number of picks below it, and
+  // each pair is a group of its own.
+  const MoePairs& p = one_token_pairs;
+  int slot = 0;
+  for (int i = 0; i < top_k; ++i) slot += __shfl_sync(0xffffffffu, expert, i) < expert;
+  if (lane < top_k) {
+    p.token[slot] = 0;
+    p.gate[slot] = gate;
+    p.expert[slot] = expert;
+    p.token_pairs[slot] = slot;
+    p.group_expert[slot] = expert;
+    p.group_first[slot] = slot;
+  }
+  if (lane == 0) {
+    p.group_first[top_k] = top_k;
+    *p.num_groups = top_k;
+  }
 }
 
 // Slices of the hidden size per logit: a power of two, as many as keep experts x slices within
-// kRouterPartials (about two CTAs per multiprocessor for one token), each a whole number of
-// float4s.
+// about one CTA per multiprocessor for one token, each a whole number of float4s. Every CTA of a
+// token adds to one counter, whose atomics serialise: a router of 128 experts cut in two was
+// slower than one of 128 whole dot products.
+constexpr int kRouterCtasPerToken = 128;
 int router_slices(int hidden, int num_experts) {
   int slices = 1;
-  while (slices * 2 <= kMaxRouterSlices && num_experts * slices * 2 <= kRouterPartials &&
+  while (slices * 2 <= kMaxRouterSlices && num_experts * slices * 2 <= kRouterCtasPerToken &&
          hidden % (4 * slices * 2) == 0) {
     slices *= 2;
   }
@@ -450,18 +476,21 @@ bool route_experts_supported(int n, int hidden, int num_experts) {
 
 void route_experts(const float* x, const float* router, int n, int hidden, int num_experts,
                    int top_k, bool renormalise, float* logits, int32_t* experts, float* gates,
-                   uint32_t* workspace, cudaStream_t stream) {
-  if (!route_experts_supported(n, hidden, num_experts) || top_k > 32 || top_k > num_experts) {
+                   uint32_t* workspace, const MoePairs* one_token_pairs, cudaStream_t stream) {
+  if (!route_experts_supported(n, hidden, num_experts) || top_k > 32 || top_k > num_experts ||
+      (one_token_pairs != nullptr && n != 1)) {
     fail(ErrorKind::kUnsupported,
          "route_experts: {} tokens (at most {}), hidden size {} (a multiple of 4), {} experts (at "
-         "most {}), top-{}",
-         n, kMaxRoutedTokens, hidden, num_experts, 32 * kMaxExpertsPerLane, top_k);
+         "most {}), top-{}{}",
+         n, kMaxRoutedTokens, hidden, num_experts, 32 * kMaxExpertsPerLane, top_k,
+         one_token_pairs != nullptr ? ", pairs written for one token only" : "");
   }
   if (n == 0) return;
   const int slices = router_slices(hidden, num_experts);
   launch_overlapping(route_experts_kernel, dim3(num_experts * slices, n), dim3(kRouterThreads), 0,
                      stream, x, router, hidden, num_experts, slices, top_k, renormalise, logits,
-                     experts, gates, workspace);
+                     experts, gates, workspace,
+                     one_token_pairs != nullptr ? *one_token_pairs : MoePairs{});
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 

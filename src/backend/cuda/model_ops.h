@@ -45,14 +45,16 @@ void route_tokens(const float* logits, int n, int num_experts, int top_k, bool r
 // logits) and route_tokens in one kernel, for the few tokens of a decode step, where a GEMV
 // through cuBLAS and the routing took two or three kernels. Each logit's dot product is cut into
 // up to 16 slices of the hidden size, whose sums are added in slice order. workspace:
-// [kRouterWorkspaceWords], zero before the first call; calls leave it fit for the next.
+// [kRouterWorkspaceWords], zero before the first call; calls leave it fit for the next. Given
+// one_token_pairs (n = 1), it also writes the token's pairs as sort_pairs would.
 inline constexpr int kMaxRoutedTokens = 64;
 inline constexpr int kRouterPartials = 256;  // experts x slices per token, at most
 inline constexpr size_t kRouterWorkspaceWords = size_t{kMaxRoutedTokens} * (1 + kRouterPartials);
+struct MoePairs;
 bool route_experts_supported(int n, int hidden, int num_experts);
 void route_experts(const float* x, const float* router, int n, int hidden, int num_experts,
                    int top_k, bool renormalise, float* logits, int32_t* experts, float* gates,
-                   uint32_t* workspace, cudaStream_t stream);
+                   uint32_t* workspace, const MoePairs* one_token_pairs, cudaStream_t stream);
 
 // cpu::attention for one layer: each token's query heads over the retained slots of its
 // (sequence, KV head) whose position is at most the token's, softmax scale 1/sqrt(head_dim).

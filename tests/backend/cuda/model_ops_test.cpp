@@ -130,7 +130,8 @@ TEST(RouteExperts, LogitsTopKAndGatesMatchTheHost) {
   DeviceBuffer<uint32_t> workspace(kRouterWorkspaceWords);
   EKVA_CUDA_CHECK(cudaMemset(workspace.data(), 0, workspace.bytes()));
   for (const Shape c : {Shape{5, 1000, 60, 4, true}, Shape{kMaxRoutedTokens, 2048, 128, 8, false},
-                        Shape{1, 4096, 8, 2, true}, Shape{3, 1000, 9, 2, false}}) {
+                        Shape{1, 4096, 8, 2, true}, Shape{3, 1000, 9, 2, false},
+                        Shape{1, 2048, 128, 8, true}, Shape{1, 2048, 64, 8, false}}) {
     SCOPED_TRACE(::testing::Message() << c.n << " tokens, " << c.experts << " experts");
     std::vector<float> x(static_cast<size_t>(c.n) * c.hidden),
         w(static_cast<size_t>(c.experts) * c.hidden);
@@ -140,8 +141,21 @@ TEST(RouteExperts, LogitsTopKAndGatesMatchTheHost) {
     DeviceBuffer<float> logits_d(static_cast<size_t>(c.n) * c.experts);
     DeviceBuffer<int32_t> experts_d(static_cast<size_t>(c.n) * c.top_k);
     DeviceBuffer<float> gates_d(static_cast<size_t>(c.n) * c.top_k);
+    // One token's pairs come from the router itself; they must be sort_pairs' of its picks.
+    const size_t pairs = static_cast<size_t>(c.n) * c.top_k;
+    DeviceBuffer<int32_t> router_ints(moe_pair_ints(pairs)), sorted_ints(moe_pair_ints(pairs));
+    DeviceBuffer<float> router_gates(pairs), sorted_gates(pairs);
+    const MoePairs router_pairs = moe_pairs(router_ints.data(), router_gates.data(), pairs);
     route_experts(x_d.data(), w_d.data(), c.n, c.hidden, c.experts, c.top_k, c.renormalise,
-                  logits_d.data(), experts_d.data(), gates_d.data(), workspace.data(), nullptr);
+                  logits_d.data(), experts_d.data(), gates_d.data(), workspace.data(),
+                  c.n == 1 ? &router_pairs : nullptr, nullptr);
+    if (c.n == 1) {
+      sort_pairs(experts_d.data(), gates_d.data(), 1, c.top_k, c.experts,
+                 moe_pairs(sorted_ints.data(), sorted_gates.data(), pairs), nullptr);
+      EKVA_CUDA_CHECK(cudaDeviceSynchronize());
+      EXPECT_EQ(router_ints.download(), sorted_ints.download());
+      EXPECT_EQ(router_gates.download(), sorted_gates.download());
+    }
     EKVA_CUDA_CHECK(cudaDeviceSynchronize());
     const std::vector<float> logits = logits_d.download();
     const std::vector<int32_t> experts = experts_d.download();
@@ -183,7 +197,11 @@ TEST(RouteExperts, LogitsTopKAndGatesMatchTheHost) {
   EXPECT_FALSE(route_experts_supported(1, 1022, 64));
   EXPECT_FALSE(route_experts_supported(1, 1024, 32 * 8 + 1));
   EXPECT_THROW(route_experts(nullptr, nullptr, 1, 1022, 64, 2, true, nullptr, nullptr, nullptr,
-                             nullptr, nullptr),
+                             nullptr, nullptr, nullptr),
+               Error);
+  const MoePairs unused;
+  EXPECT_THROW(route_experts(nullptr, nullptr, 2, 1024, 64, 2, true, nullptr, nullptr, nullptr,
+                             nullptr, &unused, nullptr),
                Error);
 }
 
