@@ -46,9 +46,13 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ int32_t slot_pos[2][kSlots];
   __shared__ int32_t query_pos[kPrefillTileTokens];
   __shared__ int32_t max_query_pos;
+  __shared__ int32_t last_visible_slot;
 
-  const int first = a.tiles[2 * blockIdx.x];
-  const int count = a.tiles[2 * blockIdx.x + 1];
+  // Later tiles of a sequence see more slots: they start first, so that the grid's last wave is
+  // of short ones.
+  const int tile = gridDim.x - 1 - blockIdx.x;
+  const int first = a.tiles[2 * tile];
+  const int count = a.tiles[2 * tile + 1];
   const int h = blockIdx.y;
   const int group = a.num_q_heads / kv.num_kv_heads;
   const int segment = a.sequences[first] * kv.num_kv_heads + h / group;
@@ -56,7 +60,10 @@ __global__ void __launch_bounds__(kThreads)
   const int length = kv.lengths[segment];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
-  if (threadIdx.x == 0) max_query_pos = INT_MIN;
+  if (threadIdx.x == 0) {
+    max_query_pos = INT_MIN;
+    last_visible_slot = -1;
+  }
   for (int c = threadIdx.x; c < kPrefillTileTokens * kChunks; c += kThreads) {
     const int r = c / kChunks, chunk = c % kChunks;
     uint4 packed = make_uint4(0, 0, 0, 0);
@@ -95,9 +102,20 @@ __global__ void __launch_bounds__(kThreads)
     }
   };
 
-  const int steps = (length + kSlots - 1) / kSlots;
-  if (steps > 0) load_slots(0, 0);
+  if (length > 0) load_slots(0, 0);
   cp_async_commit();
+  // The slots after the last one any query of the tile sees take no steps. Slots need not be in
+  // position order (eviction moves rows), so every slot's position is read.
+  {
+    int last = -1;
+    for (int slot = threadIdx.x; slot < length; slot += kThreads) {
+      if (kv.meta[pool_row(table, slot, kv.page_size)].position <= max_query_pos) last = slot;
+    }
+    last = __reduce_max_sync(0xffffffffu, last);
+    if (lane == 0) atomicMax(&last_visible_slot, last);
+  }
+  __syncthreads();
+  const int steps = (last_visible_slot + kSlots) / kSlots;
 
   // This warp's 16 query rows as A fragments, for every 16 dimensions.
   uint32_t qf[D / 16][4];

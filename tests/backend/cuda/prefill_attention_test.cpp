@@ -134,6 +134,17 @@ TEST_F(PrefillAttentionTest, EvictedSegmentsAndPeakedSoftmax) {
   }
 }
 
+// Queries over a whole prompt: a tile's slots past the last one its queries see take no steps,
+// found by position whether or not eviction has left the slots in position order.
+TEST_F(PrefillAttentionTest, WholePromptsSkipTheSlotsATileDoesNotSee) {
+  const int length = testing::small_sizes() ? 200 : 700;
+  for (const Case& c : {Case{2, 2, 4, 128, 16, length, length, false, 1.0f},
+                        Case{3, 2, 2, 64, 7, length, length, true, 4.0f}}) {
+    SCOPED_TRACE(::testing::Message() << "head_dim " << c.head_dim << " evicted " << c.evict);
+    run_case(c, 37);
+  }
+}
+
 TEST_F(PrefillAttentionTest, TilesCutRunsOfOneSequence) {
   const std::vector<int32_t> seq = {0, 0, 1, 1, 1, 0};
   EXPECT_EQ(prefill_tiles(seq.data(), 6), (std::vector<int32_t>{0, 2, 2, 3, 5, 1}));
