@@ -36,7 +36,7 @@ constexpr int shared_bytes() {
 }
 
 template <int D>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 2)
     prefill_attention_kernel(const PagedKvLayer kv, const PrefillAttention a, float scale_log2) {
   constexpr int kChunks = D / 8;
   extern __shared__ uint4 shared_raw[];
@@ -117,13 +117,6 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   const int steps = (last_visible_slot + kSlots) / kSlots;
 
-  // This warp's 16 query rows as A fragments, for every 16 dimensions.
-  uint32_t qf[D / 16][4];
-#pragma unroll
-  for (int ks = 0; ks < D / 16; ++ks) {
-    ldmatrix_x4(qf[ks],
-                shared_address(q_tile + swizzled<D>(warp * 16 + lane % 16, ks * 2 + lane / 16)));
-  }
   const int row0 = warp * 16 + lane / 4;  // this thread's rows: row0 and row0 + 8
   const int pos0 = query_pos[row0], pos1 = query_pos[row0 + 8];
 
@@ -143,13 +136,18 @@ __global__ void __launch_bounds__(kThreads)
       float s[kSlots / 8][4] = {};
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks) {
+        // This warp's 16 query rows as A fragments, read again at every step: held in registers
+        // through the loop they left one CTA per multiprocessor.
+        uint32_t qf[4];
+        ldmatrix_x4(
+            qf, shared_address(q_tile + swizzled<D>(warp * 16 + lane % 16, ks * 2 + lane / 16)));
 #pragma unroll
         for (int np = 0; np < kSlots / 16; ++np) {
           uint32_t b[4];
           ldmatrix_x4(b, shared_address(k_tile + swizzled<D>(np * 16 + lane % 8 + (lane / 16) * 8,
                                                              ks * 2 + (lane / 8) % 2)));
-          mma_bf16_16816(s[2 * np], qf[ks], b[0], b[1]);
-          mma_bf16_16816(s[2 * np + 1], qf[ks], b[2], b[3]);
+          mma_bf16_16816(s[2 * np], qf, b[0], b[1]);
+          mma_bf16_16816(s[2 * np + 1], qf, b[2], b[3]);
         }
       }
       float tile_max0 = -INFINITY, tile_max1 = -INFINITY;
@@ -275,6 +273,10 @@ void prefill_attention(const PagedKvLayer& kv, const PrefillAttention& a, cudaSt
     static const bool opted_in = [] {
       EKVA_CUDA_CHECK(cudaFuncSetAttribute(prefill_attention_kernel<D>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+      // Two CTAs per multiprocessor (the launch bounds' register budget) need the largest carveout.
+      EKVA_CUDA_CHECK(cudaFuncSetAttribute(prefill_attention_kernel<D>,
+                                           cudaFuncAttributePreferredSharedMemoryCarveout,
+                                           cudaSharedmemCarveoutMaxShared));
       return true;
     }();
     (void)opted_in;
