@@ -407,8 +407,9 @@ void CudaBackend::moe_block(int layer, int moe_index, const StepPlan& plan, KvLa
   int32_t* experts_d = experts_.data() + moe_index * pairs;
   float* gates_d = gates_.data() + moe_index * pairs;
   const bool grouped = experts_grouped(n, observer);
-  const MoePairs p =
-      moe_pairs(scratch(pair_ints_, moe_pair_ints(pairs)), scratch(pair_gates_, pairs), pairs);
+  const MoePairs p = grouped ? moe_pairs(scratch(pair_ints_, moe_pair_ints(pairs)),
+                                         scratch(pair_gates_, pairs), pairs)
+                             : MoePairs{};
   // A one-token step's router writes its pairs in order itself, which saves the sort's kernel.
   const bool router_sorts = grouped && n == 1 && route_experts_supported(n, hidden, E);
   if (route_experts_supported(n, hidden, E)) {

@@ -138,10 +138,15 @@ __global__ void to_bf16_kernel(const float* x, int64_t count, uint16_t* out) {
 // top_k rounds of a warp arg-max with ties to the lower id.
 constexpr int kMaxExpertsPerLane = 8;  // 256 experts
 
+struct RoutePick {
+  int expert;
+  float gate;
+};
+
 // One warp routes one token from its logits l (read through L2: route_experts_kernel's are written
-// by other CTAs of the same grid). Lane i < top_k returns the i-th pick in expert and gate.
-__device__ void route_token(const float* l, int num_experts, int top_k, bool renormalise,
-                            int32_t* experts, float* gates, int& expert, float& gate) {
+// by other CTAs of the same grid). Lane i < top_k returns the i-th pick.
+__device__ RoutePick route_token(const float* l, int num_experts, int top_k, bool renormalise,
+                                 int32_t* experts, float* gates) {
   const int lane = threadIdx.x % 32;
   float p[kMaxExpertsPerLane];
   float mx = -FLT_MAX;
@@ -193,12 +198,12 @@ __device__ void route_token(const float* l, int num_experts, int top_k, bool ren
     top_sum += best;
     if (best_e % 32 == lane) p[best_e / 32] = -1.0f;
   }
-  expert = chosen_e;
-  gate = renormalise ? chosen_p / top_sum : chosen_p;
+  const RoutePick pick{chosen_e, renormalise ? chosen_p / top_sum : chosen_p};
   if (lane < top_k) {
-    experts[lane] = expert;
-    gates[lane] = gate;
+    experts[lane] = pick.expert;
+    gates[lane] = pick.gate;
   }
+  return pick;
 }
 
 __global__ void route_kernel(const float* logits, int n, int num_experts, int top_k,
@@ -206,11 +211,9 @@ __global__ void route_kernel(const float* logits, int n, int num_experts, int to
   follow_prior_grid();
   const int token = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   if (token >= n) return;
-  int expert;
-  float gate;
   route_token(logits + static_cast<int64_t>(token) * num_experts, num_experts, top_k, renormalise,
               experts + static_cast<int64_t>(token) * top_k,
-              gates + static_cast<int64_t>(token) * top_k, expert, gate);
+              gates + static_cast<int64_t>(token) * top_k);
 }
 
 // Grid (experts x slices, tokens): CTA (e * slices + s, t) takes slice s of the dot product of
@@ -273,11 +276,9 @@ __global__ void __launch_bounds__(kRouterThreads)
   __threadfence();  // route_token reads the logits through L2
   __syncthreads();
   if (warp != 0) return;
-  int expert;
-  float gate;
-  route_token(token_logits, num_experts, top_k, renormalise,
-              experts + static_cast<int64_t>(token) * top_k,
-              gates + static_cast<int64_t>(token) * top_k, expert, gate);
+  const auto [expert, gate] = route_token(token_logits, num_experts, top_k, renormalise,
+                                          experts + static_cast<int64_t>(token) * top_k,
+                                          gates + static_cast<int64_t>(token) * top_k);
   if (lane == 0) counters[token] = 0;
   if (one_token_pairs.token == nullptr) return;
   // The token's picks are distinct experts: a pick's slot is the number of picks below it, and
