@@ -110,9 +110,19 @@ void fill_random_f32(float* x, int64_t count, uint64_t seed, float stddev, cudaS
 void fill_constant(float* x, int64_t count, float value, cudaStream_t stream);
 
 // Routed experts on the device alone (no host synchronisation), at most kMaxGroupedExperts
-// experts: each expert's pairs in groups of at most kMaxGroupedTokens, one grouped product each.
+// experts: each expert's pairs in groups of at most moe_group_tokens, one grouped product each.
 inline constexpr int kMaxGroupedTokens = 64;
+inline constexpr int kWideGroupTokens = 128;
 inline constexpr int kMaxGroupedExperts = 256;
+// The pairs per group of a step of n tokens: kWideGroupTokens where the step is larger than a
+// group of kMaxGroupedTokens and its experts get that many pairs on average (prompts, large
+// decode batches), so that a weight byte read serves twice the tokens; kMaxGroupedTokens else.
+inline int moe_group_tokens(int n, int top_k, int num_experts) {
+  const bool wide = n > kMaxGroupedTokens && static_cast<int64_t>(n) * top_k >=
+                                                 static_cast<int64_t>(kMaxGroupedTokens) *
+                                                     num_experts;
+  return wide ? kWideGroupTokens : kMaxGroupedTokens;
+}
 
 // The step's (token, expert) pairs in ascending expert order (tokens ascending within an expert);
 // device arrays of n * top_k entries unless said otherwise.
@@ -121,7 +131,7 @@ struct MoePairs {
   float* gate = nullptr;
   int32_t* expert = nullptr;
   int32_t* token_pairs = nullptr;  // token t's pairs at [t * top_k, ...), ascending expert
-  // The groups: an expert's pairs in groups of at most kMaxGroupedTokens (consecutive groups of
+  // The groups: an expert's pairs in groups of at most moe_group_tokens (consecutive groups of
   // an expert run side by side and so share its weights in L2), experts ascending.
   int32_t* group_expert = nullptr;  // [pairs]: each group's expert
   int32_t* group_first = nullptr;   // [groups + 1]: each group's first pair, then the total

@@ -23,10 +23,10 @@ constexpr int kSortWarps = kSortThreads / 32;
 // scan, each round places kSortThreads consecutive pairs at once: a pair's slot is its expert's
 // next slot plus the pairs of that expert in the warps before it and in its own warp before it
 // (matched within the warp), so a step of any size takes pairs / kSortThreads rounds. Each
-// expert's pairs are cut into groups of at most kMaxGroupedTokens.
+// expert's pairs are cut into groups of at most group_tokens.
 __global__ void __launch_bounds__(kSortThreads)
     sort_pairs_kernel(const int32_t* experts, const float* gates, int n, int k, int num_experts,
-                      MoePairs p) {
+                      int group_tokens, MoePairs p) {
   follow_prior_grid();
   __shared__ int32_t warp_count[kSortWarps][kMaxGroupedExperts];  // this round's pairs per warp
   __shared__ int32_t next[kMaxGroupedExperts];  // the count, then each expert's next slot
@@ -41,9 +41,7 @@ __global__ void __launch_bounds__(kSortThreads)
   if (warp == 0) {
     const int run = (num_experts + 31) / 32;
     const int begin = min(num_experts, lane * run), end = min(num_experts, begin + run);
-    const auto groups_of = [](int count) {
-      return (count + kMaxGroupedTokens - 1) / kMaxGroupedTokens;
-    };
+    const auto groups_of = [&](int count) { return (count + group_tokens - 1) / group_tokens; };
     int count = 0, groups = 0;
     for (int e = begin; e < end; ++e) {
       count += next[e];
@@ -65,7 +63,7 @@ __global__ void __launch_bounds__(kSortThreads)
       next[e] = count_before;
       for (int i = 0; i < groups_of(c); ++i) {
         p.group_expert[groups_before] = e;
-        p.group_first[groups_before++] = count_before + i * kMaxGroupedTokens;
+        p.group_first[groups_before++] = count_before + i * group_tokens;
       }
       count_before += c;
     }
@@ -117,15 +115,22 @@ constexpr int kWarps = 8;
 constexpr int kRows = 16 * kWarps;  // weight rows per CTA
 constexpr int kCols = 64;           // input columns per pipeline stage
 
-// A step's shape of the grouped product for at most Tokens pairs per expert: the weight tile and
-// the input tile of a stage, and the stages. A GEMV-like product is bound by the bytes in flight,
-// so few tokens take deep pipelines (six stages, two CTAs per multiprocessor); 64 tokens take
-// three, so that three CTAs fit on a multiprocessor: as many bytes in flight as four stages of two
-// CTAs, and half as many warps again to keep the tensor cores fed on a prompt.
+// A step's shape of the grouped product for at most Tokens pairs per group: the warps' layout, the
+// weight tile and the input tile of a stage, and the stages. A GEMV-like product is bound by the
+// bytes in flight, so few tokens take deep pipelines (six stages, two CTAs per multiprocessor);
+// 64 tokens take three, so that three CTAs fit on a multiprocessor: as many bytes in flight as four
+// stages of two CTAs, and half as many warps again to keep the tensor cores fed on a prompt. Up to
+// 64 tokens each warp takes 16 weight rows and every token; 128 tokens (a prompt's groups) would
+// then need more shared-memory reads than multiplies, so the warps split the tile 2 x 4, each
+// taking 64 rows and 32 tokens, and two CTAs of three stages share a multiprocessor.
 template <int Tokens>
 struct GroupedGemmShape {
+  static constexpr int kWarpsN = Tokens > 64 ? 4 : 1;  // warps along the tokens
+  static constexpr int kWarpRows = kRows / (kWarps / kWarpsN);
+  static constexpr int kWarpTokens = Tokens / kWarpsN;
   static constexpr int kStageElements = (kRows + Tokens) * kCols;
   static constexpr int kStages = Tokens <= 16 ? 6 : 3;
+  static constexpr int kMinCtas = Tokens > 64 ? 2 : 1;
   static constexpr int kSharedBytes = kStages * kStageElements * static_cast<int>(sizeof(uint16_t));
 };
 
@@ -140,11 +145,13 @@ __device__ __forceinline__ int swizzled(int row, int chunk) {
 // cores, weights as the M side (the "swap AB" of a skinny product), so each weight byte is read
 // once whatever the number of tokens; copies run kStages - 1 column steps ahead.
 template <int Tokens>
-__global__ void __launch_bounds__(kWarps * 32)
+__global__ void __launch_bounds__(kWarps * 32, GroupedGemmShape<Tokens>::kMinCtas)
     grouped_gemm_kernel(const GroupedGemm g, const MoePairs p, int split_cols) {
   follow_prior_grid();
   using Shape = GroupedGemmShape<Tokens>;
   constexpr int kStages = Shape::kStages;
+  constexpr int kMTiles = Shape::kWarpRows / 16;
+  constexpr int kNPairs = Shape::kWarpTokens / 16;  // 16-token halves of the warp's ldmatrix
   const bool dense = g.dense != nullptr;
   if (!dense && static_cast<int>(blockIdx.y) >= *p.num_groups) return;
   const int first = dense ? 0 : p.group_first[blockIdx.y];
@@ -157,6 +164,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   const uint16_t* w = dense ? g.dense : g.weights[p.group_expert[blockIdx.y]];
   const int row0 = blockIdx.x * kRows;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp_row0 = (warp / Shape::kWarpsN) * Shape::kWarpRows;
+  const int warp_token0 = (warp % Shape::kWarpsN) * Shape::kWarpTokens;
   const int input_rows = (count + 15) / 16 * 16;  // what the mma reads: the rest is zeroed
 
   const auto load = [&](int stage, int c0) {
@@ -179,7 +188,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
   };
 
-  float acc[Tokens / 8][4] = {};
+  float acc[kMTiles][Shape::kWarpTokens / 8][4] = {};
   const int steps = (col_end - col_begin + kCols - 1) / kCols;
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
@@ -192,39 +201,51 @@ __global__ void __launch_bounds__(kWarps * 32)
     const int ahead = step + kStages - 1;
     if (ahead < steps) load(ahead % kStages, col_begin + ahead * kCols);
     cp_async_commit();
+    if (warp_token0 >= input_rows) continue;  // a group too small for this warp's tokens
     const uint16_t* w_tile = tiles + (step % kStages) * Shape::kStageElements;
     const uint16_t* x_tile = w_tile + kRows * kCols;
 #pragma unroll
     for (int ks = 0; ks < kCols / 16; ++ks) {
-      uint32_t a[4];
-      ldmatrix_x4(a, shared_address(w_tile + swizzled(warp * 16 + lane % 16, ks * 2 + lane / 16)));
+      uint32_t a[kMTiles][4];
 #pragma unroll
-      for (int np = 0; np < Tokens / 16; ++np) {
-        if (np * 16 >= input_rows) break;
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        ldmatrix_x4(a[mt], shared_address(w_tile + swizzled(warp_row0 + mt * 16 + lane % 16,
+                                                             ks * 2 + lane / 16)));
+      }
+#pragma unroll
+      for (int np = 0; np < kNPairs; ++np) {
+        const int token = warp_token0 + np * 16;
+        if (token >= input_rows) break;
         uint32_t b[4];
-        ldmatrix_x4(b, shared_address(x_tile + swizzled(np * 16 + lane % 8 + (lane / 16) * 8,
+        ldmatrix_x4(b, shared_address(x_tile + swizzled(token + lane % 8 + (lane / 16) * 8,
                                                         ks * 2 + (lane / 8) % 2)));
-        mma_bf16_16816(acc[2 * np], a, b[0], b[1]);
-        mma_bf16_16816(acc[2 * np + 1], a, b[2], b[3]);
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          mma_bf16_16816(acc[mt][2 * np], a[mt], b[0], b[1]);
+          mma_bf16_16816(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
+        }
       }
     }
   }
   cp_async_wait_all();
 
   const bool split = gridDim.z > 1;
-  const int row = row0 + warp * 16 + lane / 4;
 #pragma unroll
-  for (int nt = 0; nt < Tokens / 8; ++nt) {
+  for (int mt = 0; mt < kMTiles; ++mt) {
+    const int row = row0 + warp_row0 + mt * 16 + lane / 4;
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int r = row + (e / 2) * 8;
-      const int t = nt * 8 + (lane % 4) * 2 + e % 2;
-      if (r >= g.out_rows || t >= count) continue;
-      float* out = output_address(g, first, count, t, r);
-      if (split) {
-        atomicAdd(out, acc[nt][e]);
-      } else {
-        *out = acc[nt][e];
+    for (int nt = 0; nt < Shape::kWarpTokens / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = row + (e / 2) * 8;
+        const int t = warp_token0 + nt * 8 + (lane % 4) * 2 + e % 2;
+        if (r >= g.out_rows || t >= count) continue;
+        float* out = output_address(g, first, count, t, r);
+        if (split) {
+          atomicAdd(out, acc[mt][nt][e]);
+        } else {
+          *out = acc[mt][nt][e];
+        }
       }
     }
   }
@@ -456,7 +477,7 @@ void sort_pairs(const int32_t* experts, const float* gates, int n, int k, int nu
          k, num_experts, kMaxGroupedExperts);
   }
   launch_overlapping(sort_pairs_kernel, dim3(1), dim3(kSortThreads), 0, stream, experts, gates, n,
-                     k, num_experts, pairs);
+                     k, num_experts, moe_group_tokens(n, k, num_experts), pairs);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -499,6 +520,10 @@ void launch_grouped_gemm(const GroupedGemm& g, const MoePairs& pairs, int max_ro
     static const bool opted_in = [] {
       EKVA_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_kernel<kTokens>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+      // Several CTAs share a multiprocessor only with its largest shared-memory carveout.
+      EKVA_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_kernel<kTokens>,
+                                           cudaFuncAttributePreferredSharedMemoryCarveout,
+                                           cudaSharedmemCarveoutMaxShared));
       return true;
     }();
     (void)opted_in;
@@ -507,8 +532,10 @@ void launch_grouped_gemm(const GroupedGemm& g, const MoePairs& pairs, int max_ro
   };
   if (max_rows <= 16) {
     launch(std::integral_constant<int, 16>{});
-  } else {
+  } else if (max_rows <= kMaxGroupedTokens) {
     launch(std::integral_constant<int, kMaxGroupedTokens>{});
+  } else {
+    launch(std::integral_constant<int, kWideGroupTokens>{});
   }
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
@@ -518,19 +545,20 @@ void launch_grouped_gemm(const GroupedGemm& g, const MoePairs& pairs, int max_ro
 void grouped_gemm(const GroupedGemm& g, const MoePairs& pairs, int n, int k, int num_experts,
                   cudaStream_t stream) {
   // A token routes to an expert at most once: at most min(experts, pairs) experts are touched,
-  // and an expert's c pairs take ceil(c / kMaxGroupedTokens) groups, so there are at most
-  // pairs / kMaxGroupedTokens more groups than touched experts (none when n fits in one group).
+  // and an expert's c pairs take ceil(c / group) groups, so there are at most pairs / group more
+  // groups than touched experts (none when n fits in one group).
+  const int group = moe_group_tokens(n, k, num_experts);
   const int64_t pairs_total = static_cast<int64_t>(n) * k;
-  const int64_t groups = std::min<int64_t>(num_experts, pairs_total) +
-                         (n > kMaxGroupedTokens ? pairs_total / kMaxGroupedTokens : 0);
+  const int64_t groups =
+      std::min<int64_t>(num_experts, pairs_total) + (n > group ? pairs_total / group : 0);
   if (!grouped_gemm_supported(g.in_cols, num_experts) || groups > 65535) {
     fail(ErrorKind::kUnsupported,
          "grouped_gemm: {} input columns (a multiple of 8) of {} experts (at most {}), {} pairs "
          "(at most {} groups of {})",
-         g.in_cols, num_experts, kMaxGroupedExperts, pairs_total, 65535, kMaxGroupedTokens);
+         g.in_cols, num_experts, kMaxGroupedExperts, pairs_total, 65535, group);
   }
   if (groups == 0) return;
-  launch_grouped_gemm(g, pairs, std::min(n, kMaxGroupedTokens), static_cast<int>(groups),
+  launch_grouped_gemm(g, pairs, std::min(n, group), static_cast<int>(groups),
                       static_cast<int>(pairs_total), stream);
 }
 

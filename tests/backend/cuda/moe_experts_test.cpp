@@ -47,9 +47,9 @@ void expect_sorted_like_reference(const std::vector<int32_t>& experts,
     ASSERT_EQ(ints[slot], j / c.top_k) << "token of slot " << slot;
     ASSERT_EQ(ints[pairs + slot], experts[j]) << "expert of slot " << slot;
     ASSERT_EQ(sorted_gates[slot], gates[j]) << "gate of slot " << slot;
-    // A group opens at each expert's first pair and after each kMaxGroupedTokens of its pairs.
+    // A group opens at each expert's first pair and after each group's worth of its pairs.
     if (slot == 0 || experts[order[slot - 1]] != experts[j] ||
-        slot - group_first.back() == kMaxGroupedTokens) {
+        slot - group_first.back() == moe_group_tokens(c.tokens, c.top_k, c.num_experts)) {
       group_expert.push_back(experts[j]);
       group_first.push_back(slot);
     }
@@ -236,6 +236,20 @@ TEST_F(GroupedGemmTest, StepsOfManyGroups) {
   run_case({8, 2, 300, 40, 136}, 10);
   run_case({128, 8, 150, 24, 64}, 11);
   run_case({4, 1, kMaxGroupedTokens * 3 + 1, 33, 72}, 12);
+}
+
+// Steps whose experts average a group of kMaxGroupedTokens or more take groups of
+// kWideGroupTokens on the wide tile (warps 2 x 4): weight rows past a tile, columns past a stage,
+// groups with tokens for only some of the warps, and a step of each group size either side of
+// the threshold.
+TEST_F(GroupedGemmTest, WideGroupsOfPromptSizedSteps) {
+  ASSERT_EQ(moe_group_tokens(1000, 1, 4), kWideGroupTokens);
+  run_case({4, 1, 1000, 200, 328}, 15);
+  run_case({16, 2, 700, 136, 1000}, 16);
+  ASSERT_EQ(moe_group_tokens(255, 1, 4), kMaxGroupedTokens);
+  ASSERT_EQ(moe_group_tokens(256, 1, 4), kWideGroupTokens);
+  run_case({4, 1, 255, 130, 72}, 17);
+  run_case({4, 1, 256, 130, 72}, 18);
 }
 
 // A one-token step's gate-and-up product with its SwiGLU applied (bf16 out), and its down product
