@@ -95,8 +95,11 @@ size_t step_workspace_bytes(const ModelSpec& s, int step_tokens, int num_sequenc
   const size_t evictions =
       S * L * H * (kDecodeEvictParams + kMaxDecodeEvictions + 1) * sizeof(int32_t) +
       sequence_rows * (2 * sizeof(int32_t) + sizeof(float));
+  // Drawn tokens: the draws, the tokens and the sampler's sort of every row's logits.
+  const size_t draws = S * (sizeof(TokenDraw) + sizeof(int32_t)) +
+                       sample_tokens_workspace(static_cast<int>(S), s.vocab_size);
   const size_t bytes = floats * sizeof(float) + halves * sizeof(uint16_t) + ints * sizeof(int32_t) +
-                       decode + evictions + n /* score_query_ */;
+                       decode + evictions + draws + n /* score_query_ */;
   return 2 * bytes;
 }
 

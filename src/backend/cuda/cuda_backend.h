@@ -224,7 +224,8 @@ size_t kv_pool_device_bytes(const KvLayout& layout);
 // decode batch) with logits wanted for at most `num_sequences` rows, over a pool of `pool_pages`
 // pages of `page_size` tokens. What a caller keeps free beside the weights and the pool; cuBLAS's
 // own workspace and the kernels the runtime loads on first use are not counted. The decode
-// attention's score buffer is sized for a layer holding twice the mean share of the pool.
+// attention's score buffer is sized for a layer holding twice the mean share of the pool. Asks the
+// device for the sampler's sort workspace (cub's), so it needs one.
 size_t step_workspace_bytes(const ModelSpec& spec, int step_tokens, int num_sequences,
                             int64_t pool_pages, int page_size);
 

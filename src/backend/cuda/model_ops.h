@@ -118,9 +118,9 @@ inline constexpr int kMaxGroupedExperts = 256;
 // group of kMaxGroupedTokens and its experts get that many pairs on average (prompts, large
 // decode batches), so that a weight byte read serves twice the tokens; kMaxGroupedTokens else.
 inline int moe_group_tokens(int n, int top_k, int num_experts) {
-  const bool wide = n > kMaxGroupedTokens && static_cast<int64_t>(n) * top_k >=
-                                                 static_cast<int64_t>(kMaxGroupedTokens) *
-                                                     num_experts;
+  const bool wide =
+      n > kMaxGroupedTokens &&
+      static_cast<int64_t>(n) * top_k >= static_cast<int64_t>(kMaxGroupedTokens) * num_experts;
   return wide ? kWideGroupTokens : kMaxGroupedTokens;
 }
 

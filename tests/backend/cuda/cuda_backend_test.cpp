@@ -11,8 +11,10 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/model_ops.h"
 #include "budget/calibration.h"
 #include "core/error.h"
+#include "io/model_config.h"
 #include "io/repository.h"
 #include "io/safetensors.h"
 #include "paged_kv_fixture.h"
@@ -42,6 +44,21 @@ EngineOptions gpu_options(int num_sequences = 1) {
   o.backend = cuda_backend_factory();
   o.device = "cuda";
   return o;
+}
+
+// What a server keeps free for its steps covers the largest vocabulary-sized buffers of a step
+// that draws every row's token: the logits and the sampler's sort of them (two 8-byte keys per
+// logit), each grown to up to twice its need. (The sort's size is cub's, asked of the device.)
+TEST(StepWorkspace, CoversTheLogitsAndTheSamplersSort) {
+  EKVA_SKIP_WITHOUT_GPU();
+  const ModelSpec spec =
+      load_model_config(std::string(EKVA_FIXTURES) + "/configs/qwen3-30b-a3b/config.json");
+  for (const int rows : {1, 64, 256}) {
+    const size_t logits = static_cast<size_t>(rows) * spec.vocab_size * sizeof(float);
+    EXPECT_GE(step_workspace_bytes(spec, rows, rows, 1024, 16),
+              2 * (logits + sample_tokens_workspace(rows, spec.vocab_size)))
+        << rows << " rows";
+  }
 }
 
 class CudaParity : public ::testing::TestWithParam<std::string> {
