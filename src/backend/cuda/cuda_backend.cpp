@@ -303,8 +303,10 @@ void CudaBackend::attention_block(int layer, const StepPlan& plan, bool decode_k
   if (D.k_bias.size() > 0) add_bias(k, D.k_bias.data(), n, s.kv_dim(), stream_);
   if (D.v_bias.size() > 0) add_bias(v, D.v_bias.data(), n, s.kv_dim(), stream_);
   const float eps = static_cast<float>(s.rms_eps);
+  // A per-head QK-norm runs in the append's launch, unless a clip comes between them.
+  const bool norm_in_append = s.qk_norm == QkNorm::kPerHead && !s.clip_qkv;
   // k follows q in qkv_, so both norms run in one launch.
-  if (s.qk_norm == QkNorm::kPerHead) {
+  if (s.qk_norm == QkNorm::kPerHead && !norm_in_append) {
     rms_norm_pair(q, n * s.num_heads, d, D.q_norm.data(), n * s.num_kv_heads, d, D.k_norm.data(),
                   eps, stream_);
   } else if (s.qk_norm == QkNorm::kWholeProjection) {
@@ -332,6 +334,11 @@ void CudaBackend::attention_block(int layer, const StepPlan& plan, bool decode_k
   append.inv_freq = w.inv_freq().data();
   append.attention_factor = w.attention_factor();
   append.count = n;
+  if (norm_in_append) {
+    append.q_norm = D.q_norm.data();
+    append.k_norm = D.k_norm.data();
+    append.norm_eps = eps;
+  }
   append_kv(views_[layer], append, stream_);
   uint16_t* out = scratch(attn_bf16_, static_cast<size_t>(n) * s.q_dim());
   if (decode_kernel) {
@@ -490,20 +497,22 @@ void CudaBackend::grouped_experts(int layer, int n, const int32_t* experts, cons
   if (!sorted) sort_pairs(experts, gates, n, k, E, p, stream_);
   const auto product = [&](const GroupedGemm& g) { grouped_gemm(g, p, n, k, E, stream_); };
   // A one-token step's products are GEMVs that also apply the SwiGLU and gate and add the
-  // experts' outputs, which then take no kernels of their own.
+  // experts' outputs, which then take no kernels of their own; wide groups' gate-and-up product
+  // applies the SwiGLU too.
   const bool one_token = n == 1;
+  const bool fused_swiglu = one_token || moe_group_tokens(n, k, E) == kWideGroupTokens;
   const int disabled = disabled_.first == layer ? disabled_.second : -1;
   uint16_t* h = scratch(hidden_bf16_, pairs * inter);
   GroupedGemm up;
   up.weights = D.expert_gate_up.data();
   up.input = x_bf16_.data();
   up.input_is_token = true;
-  up.out = scratch(gate_up_, pairs * 2 * inter);
+  up.out = fused_swiglu ? nullptr : scratch(gate_up_, pairs * 2 * inter);
   up.out_rows = 2 * inter;
   up.in_cols = hidden;
-  if (one_token) up.swiglu_out = h;
+  if (fused_swiglu) up.swiglu_out = h;
   product(up);
-  if (!one_token) silu_mul(up.out, static_cast<int>(pairs), inter, h, stream_);
+  if (!fused_swiglu) silu_mul(up.out, static_cast<int>(pairs), inter, h, stream_);
   GroupedGemm down;
   down.weights = D.expert_down.data();
   down.input = h;

@@ -143,6 +143,12 @@ __device__ __forceinline__ uint16_t to_bf16_bits(float x) {
   return *reinterpret_cast<const uint16_t*>(&v);
 }
 
+// bf16(silu(gate) * up), as cpu::silu_mul forms it: one expression wherever a SwiGLU is applied,
+// so that fused and separate paths agree bit for bit.
+__device__ __forceinline__ uint16_t swiglu_bf16(float gate, float up) {
+  return to_bf16_bits(gate / (1.0f + expf(-gate)) * up);
+}
+
 // cos and sin of one rotary pair as cpu::Rope computes them: a float32 angle, cos/sin in double
 // scaled by the attention factor, rounded to float32.
 __device__ __forceinline__ float2 rope_cos_sin(int32_t position, float inv_freq,

@@ -73,6 +73,9 @@ struct AppendLaunch {
   int num_q_heads;
   const int32_t* query_rows;
   uint16_t* query_rows_bf16;
+  const float* q_norm;  // KvAppend's, or null
+  const float* k_norm;
+  float norm_eps;
 };
 void launch_append_kv(const AppendLaunch& launch, cudaStream_t stream);
 

@@ -47,6 +47,13 @@ void append_kv(const PagedKvLayer& kv, const KvAppend& append, cudaStream_t stre
          "append_kv: queries need their head count ({}), and bf16 query rows their row ids",
          append.num_q_heads);
   }
+  if ((append.q_norm == nullptr) != (append.k_norm == nullptr) ||
+      (append.q_norm != nullptr && append.queries == nullptr)) {
+    fail(ErrorKind::kInvalidArgument,
+         "append_kv: QK-norm needs both norm weights and the queries (q_norm {}, k_norm {}, "
+         "queries {})",
+         append.q_norm != nullptr, append.k_norm != nullptr, append.queries != nullptr);
+  }
   launch_append_kv({kv.pool,           kv.meta,
                     kv.page_ids,       kv.page_offsets,
                     kv.lengths,        append.keys,
@@ -56,7 +63,9 @@ void append_kv(const PagedKvLayer& kv, const KvAppend& append, cudaStream_t stre
                     append.count,      kv.num_kv_heads,
                     kv.head_dim,       kv.page_size,
                     append.queries,    append.queries != nullptr ? append.num_q_heads : 0,
-                    append.query_rows, append.query_rows_bf16},
+                    append.query_rows, append.query_rows_bf16,
+                    append.q_norm,     append.k_norm,
+                    append.norm_eps},
                    stream);
 }
 

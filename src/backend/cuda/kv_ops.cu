@@ -13,61 +13,99 @@
 namespace ekva::cuda {
 namespace {
 
-// One thread per (token, KV head, rotary pair), then one per (token, query head, rotary pair).
-__global__ void append_kv_kernel(const AppendLaunch p) {
+// One warp per (token, KV head) row, then per (token, query head) row, a lane per rotary pair at
+// a time. With norm weights a row is first normalised as rms_norm_kernel normalises one (the sum
+// of squares in double, then x * inv * weight rounded step by step), so that QK-norm takes no
+// launch of its own.
+constexpr int kAppendWarps = 8;
+constexpr int kAppendPairsPerLane = 2;  // head_dim up to 128 (check_layer)
+__global__ void __launch_bounds__(kAppendWarps * 32) append_kv_kernel(const AppendLaunch p) {
   follow_prior_grid();
-  const int half = p.head_dim / 2;
-  const int64_t kv_total = static_cast<int64_t>(p.count) * p.num_kv_heads * half;
-  const int64_t total = kv_total + static_cast<int64_t>(p.count) * p.num_q_heads * half;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    if (i >= kv_total) {
-      const int pair = static_cast<int>((i - kv_total) % half);
-      const int64_t row_head = (i - kv_total) / half;
-      const int token = static_cast<int>(row_head / p.num_q_heads);
-      float* q = p.queries + row_head * p.head_dim;
-      const float2 r =
-          rope_rotate(q[pair], q[pair + half],
-                      rope_cos_sin(p.positions[token], p.inv_freq[pair], p.attention_factor));
-      q[pair] = r.x;
-      q[pair + half] = r.y;
+  const int d = p.head_dim, half = d / 2, lane = threadIdx.x % 32;
+  const int64_t kv_rows = static_cast<int64_t>(p.count) * p.num_kv_heads;
+  const int64_t rows = kv_rows + static_cast<int64_t>(p.count) * p.num_q_heads;
+  for (int64_t r = blockIdx.x * static_cast<int64_t>(kAppendWarps) + threadIdx.x / 32; r < rows;
+       r += static_cast<int64_t>(gridDim.x) * kAppendWarps) {
+    const bool is_key = r < kv_rows;
+    const int64_t row_head = is_key ? r : r - kv_rows;
+    const int heads = is_key ? p.num_kv_heads : p.num_q_heads;
+    const int token = static_cast<int>(row_head / heads);
+    float* query = is_key ? nullptr : p.queries + row_head * d;
+    const float* x = is_key ? p.keys + row_head * d : query;
+    // The row's loads are issued before its slot is looked up and before anything is stored (the
+    // queries are rotated in place).
+    float a[kAppendPairsPerLane] = {}, b[kAppendPairsPerLane] = {}, va[kAppendPairsPerLane] = {},
+          vb[kAppendPairsPerLane] = {}, freq[kAppendPairsPerLane] = {};
+#pragma unroll
+    for (int k = 0; k < kAppendPairsPerLane; ++k) {
+      const int pair = lane + 32 * k;
+      if (pair >= half) continue;
+      a[k] = x[pair];
+      b[k] = x[pair + half];
+      freq[k] = p.inv_freq[pair];
+      if (is_key) {
+        va[k] = p.values[row_head * d + pair];
+        vb[k] = p.values[row_head * d + pair + half];
+      }
+    }
+    uint16_t* key = nullptr;
+    int64_t pool_index = 0;
+    int segment = 0, slot = 0;
+    if (is_key) {
+      segment = p.sequences[token] * p.num_kv_heads + static_cast<int>(row_head % p.num_kv_heads);
+      slot = p.slots[row_head];
+      const int32_t* table = p.page_ids + p.page_offsets[segment];
+      const int table_pages = p.page_offsets[segment + 1] - p.page_offsets[segment];
+      if (slot < 0 || slot / p.page_size >= table_pages) continue;  // uniform over the warp
+      pool_index = pool_row(table, slot, p.page_size);
+      key = p.pool + key_offset(pool_index, p.page_size, d);
+    }
+    const float* norm = is_key ? p.k_norm : p.q_norm;
+    float inv = 1.0f;
+    if (norm != nullptr) {
+      double ss = 0.0;
+#pragma unroll
+      for (int k = 0; k < kAppendPairsPerLane; ++k) {
+        ss += static_cast<double>(a[k]) * a[k] + static_cast<double>(b[k]) * b[k];
+      }
+      for (int offset = 16; offset > 0; offset /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, offset);
+      inv = static_cast<float>(1.0 / sqrt(ss / d + static_cast<double>(p.norm_eps)));
+    }
+    const int position = p.positions[token];
+#pragma unroll
+    for (int k = 0; k < kAppendPairsPerLane; ++k) {
+      const int pair = lane + 32 * k;
+      if (pair >= half) continue;
+      if (norm != nullptr) {
+        a[k] = __fmul_rn(__fmul_rn(a[k], inv), norm[pair]);
+        b[k] = __fmul_rn(__fmul_rn(b[k], inv), norm[pair + half]);
+      }
+      const float2 rotated =
+          rope_rotate(a[k], b[k], rope_cos_sin(position, freq[k], p.attention_factor));
+      if (is_key) {
+        uint16_t* value = key + static_cast<int64_t>(p.page_size) * d;
+        key[pair] = to_bf16_bits(rotated.x);
+        key[pair + half] = to_bf16_bits(rotated.y);
+        value[pair] = to_bf16_bits(va[k]);
+        value[pair + half] = to_bf16_bits(vb[k]);
+        continue;
+      }
+      query[pair] = rotated.x;
+      query[pair + half] = rotated.y;
       if (p.query_rows_bf16 != nullptr) {
         uint16_t* out =
             p.query_rows_bf16 + (static_cast<int64_t>(p.query_rows[token]) * p.num_q_heads +
                                  (row_head - static_cast<int64_t>(token) * p.num_q_heads)) *
-                                    p.head_dim;
-        out[pair] = to_bf16_bits(r.x);
-        out[pair + half] = to_bf16_bits(r.y);
+                                    d;
+        out[pair] = to_bf16_bits(rotated.x);
+        out[pair + half] = to_bf16_bits(rotated.y);
       }
-      continue;
     }
-    const int pair = static_cast<int>(i % half);
-    const int64_t token_head = i / half;
-    const int token = static_cast<int>(token_head / p.num_kv_heads);
-    const int kv_head = static_cast<int>(token_head % p.num_kv_heads);
-    const int segment = p.sequences[token] * p.num_kv_heads + kv_head;
-    const int slot = p.slots[token_head];
-    const int32_t* table = p.page_ids + p.page_offsets[segment];
-    const int table_pages = p.page_offsets[segment + 1] - p.page_offsets[segment];
-    if (slot < 0 || slot / p.page_size >= table_pages) continue;
-    const int64_t row = pool_row(table, slot, p.page_size);
-    uint16_t* key = p.pool + key_offset(row, p.page_size, p.head_dim);
-    uint16_t* value = key + static_cast<int64_t>(p.page_size) * p.head_dim;
-
-    const float* k_in = p.keys + token_head * p.head_dim;
-    const float* v_in = p.values + token_head * p.head_dim;
-    const float2 rotated =
-        rope_rotate(k_in[pair], k_in[pair + half],
-                    rope_cos_sin(p.positions[token], p.inv_freq[pair], p.attention_factor));
-    key[pair] = to_bf16_bits(rotated.x);
-    key[pair + half] = to_bf16_bits(rotated.y);
-    value[pair] = to_bf16_bits(v_in[pair]);
-    value[pair + half] = to_bf16_bits(v_in[pair + half]);
-    if (pair == 0) {
+    if (is_key && lane == 0) {
       if (p.meta != nullptr) {
         TokenMeta meta;  // routing and score are unknown until later
-        meta.position = p.positions[token];
-        p.meta[row] = meta;
+        meta.position = position;
+        p.meta[pool_index] = meta;
       }
       atomicMax(p.lengths + segment, slot + 1);
     }
@@ -457,11 +495,11 @@ int grid_for(int64_t work, int threads) {
 }  // namespace
 
 void launch_append_kv(const AppendLaunch& launch, cudaStream_t stream) {
-  const int64_t work = static_cast<int64_t>(launch.count) *
-                       (launch.num_kv_heads + launch.num_q_heads) * launch.head_dim / 2;
-  const int threads = 256;
-  const int blocks = static_cast<int>(std::min<int64_t>((work + threads - 1) / threads, 4096));
-  launch_overlapping(append_kv_kernel, dim3(blocks), dim3(threads), 0, stream, launch);
+  const int64_t rows =
+      static_cast<int64_t>(launch.count) * (launch.num_kv_heads + launch.num_q_heads);
+  const int blocks =
+      static_cast<int>(std::min<int64_t>((rows + kAppendWarps - 1) / kAppendWarps, 8192));
+  launch_overlapping(append_kv_kernel, dim3(blocks), dim3(kAppendWarps * 32), 0, stream, launch);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 

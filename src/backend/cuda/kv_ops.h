@@ -31,6 +31,12 @@ struct KvAppend {
   int num_q_heads = 0;
   const int32_t* query_rows = nullptr;
   uint16_t* query_rows_bf16 = nullptr;
+  // Per-head RMSNorm weights [head_dim] of the queries and keys (Qwen3's QK-norm), both or
+  // neither: each head is normalised before its rotation as rms_norm normalises a row, in the
+  // same launch.
+  const float* q_norm = nullptr;
+  const float* k_norm = nullptr;
+  float norm_eps = 0.0f;
 };
 
 // Writes rotate-half-RoPE'd keys and the values as bf16, metadata {position, expert -1, score 0}

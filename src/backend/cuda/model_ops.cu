@@ -329,8 +329,7 @@ __global__ void silu_mul_kernel(const float* gate_up, int rows, int inter, uint1
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
     const float* gate = gate_up + r * 2 * inter;
     for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < inter; c += gridDim.x * blockDim.x) {
-      const float g = gate[c];
-      out[r * inter + c] = to_bf16_bits(g / (1.0f + expf(-g)) * gate[inter + c]);
+      out[r * inter + c] = swiglu_bf16(gate[c], gate[inter + c]);
     }
   }
 }

@@ -172,7 +172,8 @@ struct GroupedGemm {
   int first_block_rows = 0;
   int block_rows = 0;
   int in_cols = 0;
-  // When set (one input row per group only), out is not written: swiglu_out [pairs, out_rows / 2]
+  // When set (one input row per group, or groups of kWideGroupTokens: moe_group_tokens), out is
+  // not written: swiglu_out [pairs, out_rows / 2]
   // gets bf16(silu(gate) * up) of the two halves of the output rows, as silu_mul forms it.
   uint16_t* swiglu_out = nullptr;
 };

@@ -143,7 +143,10 @@ __device__ __forceinline__ int swizzled(int row, int chunk) {
 // grid: (row tiles, groups at most, column splits). The CTA multiplies kRows rows of its
 // expert's weights with every input row of that expert's pairs (at most Tokens) on the tensor
 // cores, weights as the M side (the "swap AB" of a skinny product), so each weight byte is read
-// once whatever the number of tokens; copies run kStages - 1 column steps ahead.
+// once whatever the number of tokens; copies run kStages - 1 column steps ahead. With a SwiGLU
+// output (wide groups only, one column split) a CTA takes kRows / 2 gate rows and the up rows of
+// the same outputs: the up warps hand their sums to the gate warps through shared memory, so no
+// float32 gate-and-up rows are written.
 template <int Tokens>
 __global__ void __launch_bounds__(kWarps * 32, GroupedGemmShape<Tokens>::kMinCtas)
     grouped_gemm_kernel(const GroupedGemm g, const MoePairs p, int split_cols) {
@@ -162,7 +165,15 @@ __global__ void __launch_bounds__(kWarps * 32, GroupedGemmShape<Tokens>::kMinCta
   extern __shared__ uint4 shared_raw[];
   uint16_t* tiles = reinterpret_cast<uint16_t*>(shared_raw);
   const uint16_t* w = dense ? g.dense : g.weights[p.group_expert[blockIdx.y]];
-  const int row0 = blockIdx.x * kRows;
+  const bool swiglu = Tokens > kMaxGroupedTokens && g.swiglu_out != nullptr;
+  const int half_rows = g.out_rows / 2;
+  const int row0 = blockIdx.x * (swiglu ? kRows / 2 : kRows);
+  // The weight row of tile row r, or -1 past the end.
+  const auto weight_row = [&](int r) {
+    if (!swiglu) return row0 + r < g.out_rows ? row0 + r : -1;
+    const int out = row0 + r % (kRows / 2);
+    return out < half_rows ? out + (r < kRows / 2 ? 0 : half_rows) : -1;
+  };
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int warp_row0 = (warp / Shape::kWarpsN) * Shape::kWarpRows;
   const int warp_token0 = (warp % Shape::kWarpsN) * Shape::kWarpTokens;
@@ -175,8 +186,9 @@ __global__ void __launch_bounds__(kWarps * 32, GroupedGemmShape<Tokens>::kMinCta
       const int r = i / (kCols / 8), chunk = i % (kCols / 8);
       const int col = c0 + chunk * 8;
       if (r < kRows) {
-        const bool valid = row0 + r < g.out_rows && col < col_end;
-        const uint16_t* src = w + (valid ? static_cast<int64_t>(row0 + r) * g.in_cols + col : 0);
+        const int wr = weight_row(r);
+        const bool valid = wr >= 0 && col < col_end;
+        const uint16_t* src = w + (valid ? static_cast<int64_t>(wr) * g.in_cols + col : 0);
         cp_async_16(shared_address(w_tile + swizzled(r, chunk)), src, valid);
       } else {
         const int t = r - kRows;
@@ -210,7 +222,7 @@ __global__ void __launch_bounds__(kWarps * 32, GroupedGemmShape<Tokens>::kMinCta
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
         ldmatrix_x4(a[mt], shared_address(w_tile + swizzled(warp_row0 + mt * 16 + lane % 16,
-                                                             ks * 2 + lane / 16)));
+                                                            ks * 2 + lane / 16)));
       }
 #pragma unroll
       for (int np = 0; np < kNPairs; ++np) {
@@ -229,6 +241,46 @@ __global__ void __launch_bounds__(kWarps * 32, GroupedGemmShape<Tokens>::kMinCta
   }
   cp_async_wait_all();
 
+  if constexpr (Tokens > kMaxGroupedTokens) {
+    if (swiglu) {
+      // The warps of the first kRows / 2 tile rows hold gate sums, those after them the up sums
+      // of the same outputs and tokens.
+      constexpr int kStride = Tokens + 4;
+      float* up = reinterpret_cast<float*>(shared_raw);
+      static_assert((kRows / 2) * kStride * 4 <= GroupedGemmShape<Tokens>::kSharedBytes);
+      const bool gate_warp = warp_row0 < kRows / 2;
+      const auto local = [&](int mt, int nt, int e) {
+        return (mt * 16 + lane / 4 + (e / 2) * 8) * kStride + warp_token0 + nt * 8 +
+               (lane % 4) * 2 + e % 2;
+      };
+      __syncthreads();  // every warp is done with the pipeline's tiles
+      if (!gate_warp) {
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < Shape::kWarpTokens / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) up[local(mt, nt, e)] = acc[mt][nt][e];
+      }
+      __syncthreads();
+      if (!gate_warp) return;
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < Shape::kWarpTokens / 8; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int r = row0 + mt * 16 + lane / 4 + (e / 2) * 8;
+            const int t = warp_token0 + nt * 8 + (lane % 4) * 2 + e % 2;
+            if (r >= half_rows || t >= count) continue;
+            g.swiglu_out[static_cast<int64_t>(first + t) * half_rows + r] =
+                swiglu_bf16(acc[mt][nt][e], up[local(mt, nt, e)]);
+          }
+        }
+      }
+      return;
+    }
+  }
   const bool split = gridDim.z > 1;
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt) {
@@ -377,8 +429,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(const GemvLaunch 
     *output_address(g, first, 1, 0, row) = sum(warp, lane);
   } else if constexpr (kOutput == GemvOutput::kSwiglu) {
     const float gate = sum(warp, lane), up = sum(warp, kWarpRows + lane);
-    g.swiglu_out[static_cast<int64_t>(first) * out_rows + row] =
-        to_bf16_bits(gate / (1.0f + expf(-gate)) * up);
+    g.swiglu_out[static_cast<int64_t>(first) * out_rows + row] = swiglu_bf16(gate, up);
   } else {
     float value = 0.0f;  // as combine_kernel adds them
     for (int j = 0; j < launch.groups_per_set; ++j) {
@@ -490,13 +541,14 @@ void launch_grouped_gemm(const GroupedGemm& g, const MoePairs& pairs, int max_ro
   // The grid is cut along the columns until it is about four waves of two CTAs per
   // multiprocessor (fewer CTAs leave a long last wave), each part at least two column steps; the
   // parts then add into a zeroed output.
-  if (g.swiglu_out != nullptr) {
-    if (max_rows != 1 || g.out_rows % 2 != 0) {
-      fail(ErrorKind::kUnsupported,
-           "grouped_gemm: a SwiGLU output needs one input row per group ({}) and an even number "
-           "of output rows ({})",
-           max_rows, g.out_rows);
-    }
+  const bool swiglu = g.swiglu_out != nullptr;
+  if (swiglu && (!(max_rows == 1 || max_rows > kMaxGroupedTokens) || g.out_rows % 2 != 0)) {
+    fail(ErrorKind::kUnsupported,
+         "grouped_gemm: a SwiGLU output needs one input row per group or wide groups ({} rows), "
+         "and an even number of output rows ({})",
+         max_rows, g.out_rows);
+  }
+  if (swiglu && max_rows == 1) {
     launch_gemv<GemvOutput::kSwiglu>(g, pairs, groups, -1, stream);
     return;
   }
@@ -504,10 +556,12 @@ void launch_grouped_gemm(const GroupedGemm& g, const MoePairs& pairs, int max_ro
     launch_gemv<GemvOutput::kOutputRows>(g, pairs, groups, -1, stream);
     return;
   }
-  const int row_tiles = (g.out_rows + kRows - 1) / kRows;
+  // A SwiGLU tile takes half as many outputs (their gate and up rows), and is never split.
+  const int row_tiles =
+      swiglu ? (g.out_rows / 2 + kRows / 2 - 1) / (kRows / 2) : (g.out_rows + kRows - 1) / kRows;
   const int steps = (g.in_cols + kCols - 1) / kCols;
   const int wanted = (8 * multiprocessors() + row_tiles * groups - 1) / (row_tiles * groups);
-  const int splits = std::max(1, std::min(wanted, steps / 2));
+  const int splits = swiglu ? 1 : std::max(1, std::min(wanted, steps / 2));
   const int split_cols = ((steps + splits - 1) / splits) * kCols;
   if (splits > 1) {
     EKVA_CUDA_CHECK(cudaMemsetAsync(

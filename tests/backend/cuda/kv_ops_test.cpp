@@ -34,9 +34,11 @@ bool within_one_ulp(uint16_t a, uint16_t b) {
   return std::abs(int(a) - int(b)) <= 1;
 }
 
+// With QK-norm weights, each head normalised as cpu::rms_norm normalises it, then rotated.
 TEST_F(KvOpsTest, AppendAppliesRopeLikeCpu) {
-  for (int head_dim : {64, 128}) {
-    SCOPED_TRACE(::testing::Message() << "head_dim " << head_dim);
+  for (const auto& [head_dim, with_norm] :
+       {std::pair{64, false}, std::pair{128, false}, std::pair{128, true}, std::pair{32, true}}) {
+    SCOPED_TRACE(::testing::Message() << "head_dim " << head_dim << " QK-norm " << with_norm);
     std::mt19937 rng(7 + head_dim);
     const int num_sequences = 5, num_kv_heads = 3, page_size = 16;
     // Existing ragged content, then one new token per sequence and a 37-token chunk for sequence 2.
@@ -93,12 +95,28 @@ TEST_F(KvOpsTest, AppendAppliesRopeLikeCpu) {
     append.count = count;
     append.queries = queries_d.data();
     append.num_q_heads = num_q_heads;
+    std::vector<float> q_norm(head_dim), k_norm(head_dim);
+    std::uniform_real_distribution<float> weight(0.5f, 1.5f);
+    for (float& w : q_norm) w = weight(rng);
+    for (float& w : k_norm) w = weight(rng);
+    constexpr float kEps = 1e-6f;
+    DeviceBuffer<float> q_norm_d{std::span<const float>(q_norm)},
+        k_norm_d{std::span<const float>(k_norm)};
+    if (with_norm) {
+      append.q_norm = q_norm_d.data();
+      append.k_norm = k_norm_d.data();
+      append.norm_eps = kEps;
+    }
     append_kv(kv.view(), append, nullptr);
     EKVA_CUDA_CHECK(cudaDeviceSynchronize());
 
     cpu::Rope rope(rope_spec, head_dim);
     std::vector<float> roped = keys;
     std::vector<float> roped_queries = queries;
+    if (with_norm) {
+      cpu::rms_norm(roped.data(), count * num_kv_heads, head_dim, k_norm.data(), kEps);
+      cpu::rms_norm(roped_queries.data(), count * num_q_heads, head_dim, q_norm.data(), kEps);
+    }
     for (int t = 0; t < count; ++t) {
       rope.apply(roped.data() + static_cast<size_t>(t) * num_kv_heads * head_dim, 1, num_kv_heads,
                  &positions[t]);
@@ -326,6 +344,25 @@ TEST_F(KvOpsTest, EvictDecodeEqualsTheReference) {
 TEST(KvOpsHostTest, RejectsBadArguments) {
   PagedKvLayer empty;
   EXPECT_THROW(append_kv(empty, KvAppend{}, nullptr), Error);
+  // Refused before anything is launched, so host addresses stand in for the device's.
+  uint16_t pool = 0;
+  int32_t ints = 0;
+  float floats = 0.0f;
+  PagedKvLayer layer{&pool, nullptr, &ints, &ints, &ints, 1, 1, 8, 1};
+  KvAppend one_norm;
+  one_norm.keys = one_norm.values = one_norm.inv_freq = &floats;
+  one_norm.sequences = one_norm.positions = one_norm.slots = &ints;
+  one_norm.count = 1;
+  one_norm.queries = &floats;
+  one_norm.num_q_heads = 1;
+  one_norm.q_norm = &floats;
+  try {
+    append_kv(layer, one_norm, nullptr);
+    ADD_FAILURE() << "QK-norm with query weights alone was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("QK-norm needs both norm weights"), std::string::npos)
+        << e.what();
+  }
   EXPECT_THROW(evict_flagged(empty, nullptr, 16, nullptr, nullptr), Error);
   DecodeEvictions too_many;
   too_many.count = 1;

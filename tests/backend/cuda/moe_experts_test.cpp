@@ -161,6 +161,20 @@ void run_case(const Case& c, uint32_t seed) {
               << "SwiGLU of pair " << j << " row " << r;
         }
       }
+      // Wide groups' product applies the SwiGLU itself: the same bits as silu_mul of its sums.
+      if (moe_group_tokens(c.tokens, c.top_k, c.num_experts) == kWideGroupTokens) {
+        DeviceBuffer<uint16_t> fused(static_cast<size_t>(pairs) * inter);
+        GroupedGemm swiglu = g;
+        swiglu.out = nullptr;
+        swiglu.swiglu_out = fused.data();
+        grouped_gemm(swiglu, p, c.tokens, c.top_k, c.num_experts, nullptr);
+        EKVA_CUDA_CHECK(cudaDeviceSynchronize());
+        const std::vector<uint16_t> got_fused = fused.download();
+        for (size_t i = 0; i < got_fused.size(); ++i) {
+          ASSERT_EQ(got_fused[i], got_h[i])
+              << "fused SwiGLU of pair " << i / inter << " row " << i % inter;
+        }
+      }
     }
 
     // The gated sum of each token's pairs' outputs in ascending expert order, one expert (the
@@ -239,9 +253,10 @@ TEST_F(GroupedGemmTest, StepsOfManyGroups) {
 }
 
 // Steps whose experts average a group of kMaxGroupedTokens or more take groups of
-// kWideGroupTokens on the wide tile (warps 2 x 4): weight rows past a tile, columns past a stage,
-// groups with tokens for only some of the warps, and a step of each group size either side of
-// the threshold.
+// kWideGroupTokens on the wide tile (warps 2 x 4), with and without the SwiGLU applied: weight rows
+// past a tile (130 and 136 rows: gate and up halves of 65 and 68), columns past a stage, groups
+// with tokens for only some of the warps, and a step of each group size either side of the
+// threshold.
 TEST_F(GroupedGemmTest, WideGroupsOfPromptSizedSteps) {
   ASSERT_EQ(moe_group_tokens(1000, 1, 4), kWideGroupTokens);
   run_case({4, 1, 1000, 200, 328}, 15);
