@@ -140,13 +140,14 @@ __device__ __forceinline__ int swizzled(int row, int chunk) {
   return row * kCols + ((chunk ^ (row % 8)) * 8);
 }
 
-// grid: (row tiles, groups at most, column splits). The CTA multiplies kRows rows of its
-// expert's weights with every input row of that expert's pairs (at most Tokens) on the tensor
-// cores, weights as the M side (the "swap AB" of a skinny product), so each weight byte is read
-// once whatever the number of tokens; copies run kStages - 1 column steps ahead. With a SwiGLU
-// output (wide groups only, one column split) a CTA takes kRows / 2 gate rows and the up rows of
-// the same outputs: the up warps hand their sums to the gate warps through shared memory, so no
-// float32 gate-and-up rows are written.
+// grid: (row tiles, groups at most, column splits); wide groups: (groups at most, row tiles, column
+// splits). The
+// CTA multiplies kRows rows of its expert's weights with every input row of that expert's pairs (at
+// most Tokens) on the tensor cores, weights as the M side (the "swap AB" of a skinny product), so
+// each weight byte is read once whatever the number of tokens; copies run kStages - 1 column steps
+// ahead. With a SwiGLU output (wide groups only, one column split) a CTA takes kRows / 2 gate rows
+// and the up rows of the same outputs: the up warps hand their sums to the gate warps through
+// shared memory, so no float32 gate-and-up rows are written.
 template <int Tokens>
 __global__ void __launch_bounds__(kWarps * 32, GroupedGemmShape<Tokens>::kMinCtas)
     grouped_gemm_kernel(const GroupedGemm g, const MoePairs p, int split_cols) {
@@ -156,18 +157,23 @@ __global__ void __launch_bounds__(kWarps * 32, GroupedGemmShape<Tokens>::kMinCta
   constexpr int kMTiles = Shape::kWarpRows / 16;
   constexpr int kNPairs = Shape::kWarpTokens / 16;  // 16-token halves of the warp's ldmatrix
   const bool dense = g.dense != nullptr;
-  if (!dense && static_cast<int>(blockIdx.y) >= *p.num_groups) return;
-  const int first = dense ? 0 : p.group_first[blockIdx.y];
-  const int count = dense ? g.dense_rows : p.group_first[blockIdx.y + 1] - first;
+  // Wide groups run an expert's groups side by side (groups along x), so that each weight tile
+  // is read from DRAM once for all of them however many groups the expert has.
+  constexpr bool kGroupsAlongX = Tokens > kMaxGroupedTokens;
+  const int group = kGroupsAlongX ? blockIdx.x : blockIdx.y;
+  const int row_tile = kGroupsAlongX ? blockIdx.y : blockIdx.x;
+  if (!dense && group >= *p.num_groups) return;
+  const int first = dense ? 0 : p.group_first[group];
+  const int count = dense ? g.dense_rows : p.group_first[group + 1] - first;
   const int col_begin = blockIdx.z * split_cols;
   const int col_end = min(g.in_cols, col_begin + split_cols);
   if (col_begin >= col_end) return;
   extern __shared__ uint4 shared_raw[];
   uint16_t* tiles = reinterpret_cast<uint16_t*>(shared_raw);
-  const uint16_t* w = dense ? g.dense : g.weights[p.group_expert[blockIdx.y]];
+  const uint16_t* w = dense ? g.dense : g.weights[p.group_expert[group]];
   const bool swiglu = Tokens > kMaxGroupedTokens && g.swiglu_out != nullptr;
   const int half_rows = g.out_rows / 2;
-  const int row0 = blockIdx.x * (swiglu ? kRows / 2 : kRows);
+  const int row0 = row_tile * (swiglu ? kRows / 2 : kRows);
   // The weight row of tile row r, or -1 past the end.
   const auto weight_row = [&](int r) {
     if (!swiglu) return row0 + r < g.out_rows ? row0 + r : -1;
@@ -567,7 +573,9 @@ void launch_grouped_gemm(const GroupedGemm& g, const MoePairs& pairs, int max_ro
     EKVA_CUDA_CHECK(cudaMemsetAsync(
         g.out, 0, static_cast<size_t>(out_count) * g.out_rows * sizeof(float), stream));
   }
-  const dim3 grid(row_tiles, groups, (g.in_cols + split_cols - 1) / split_cols);
+  const int column_splits = (g.in_cols + split_cols - 1) / split_cols;
+  const dim3 grid = max_rows > kMaxGroupedTokens ? dim3(groups, row_tiles, column_splits)
+                                                 : dim3(row_tiles, groups, column_splits);
   const auto launch = [&](auto tokens) {
     constexpr int kTokens = decltype(tokens)::value;
     constexpr int bytes = GroupedGemmShape<kTokens>::kSharedBytes;
