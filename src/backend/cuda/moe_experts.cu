@@ -140,14 +140,13 @@ __device__ __forceinline__ int swizzled(int row, int chunk) {
   return row * kCols + ((chunk ^ (row % 8)) * 8);
 }
 
-// grid: (row tiles, groups at most, column splits); wide groups: (groups at most, row tiles, column
-// splits). The
-// CTA multiplies kRows rows of its expert's weights with every input row of that expert's pairs (at
-// most Tokens) on the tensor cores, weights as the M side (the "swap AB" of a skinny product), so
-// each weight byte is read once whatever the number of tokens; copies run kStages - 1 column steps
-// ahead. With a SwiGLU output (wide groups only, one column split) a CTA takes kRows / 2 gate rows
-// and the up rows of the same outputs: the up warps hand their sums to the gate warps through
-// shared memory, so no float32 gate-and-up rows are written.
+// grid: (row tiles, groups at most, column splits); wide groups: (groups at most, row tiles,
+// column splits). The CTA multiplies kRows rows of its expert's weights with every input row of
+// that expert's pairs (at most Tokens) on the tensor cores, weights as the M side (the "swap AB" of
+// a skinny product), so each weight byte is read once whatever the number of tokens; copies run
+// kStages - 1 column steps ahead. With a SwiGLU output (wide groups only, one column split) a CTA
+// takes kRows / 2 gate rows and the up rows of the same outputs: the up warps hand their sums to
+// the gate warps through shared memory, so no float32 gate-and-up rows are written.
 template <int Tokens>
 __global__ void __launch_bounds__(kWarps * 32, GroupedGemmShape<Tokens>::kMinCtas)
     grouped_gemm_kernel(const GroupedGemm g, const MoePairs p, int split_cols) {
