@@ -183,12 +183,6 @@ __global__ void __launch_bounds__(kWarps * 32, GroupedGemmShape<Tokens>::kMinCta
   const int warp_row0 = (warp / Shape::kWarpsN) * Shape::kWarpRows;
   const int warp_token0 = (warp % Shape::kWarpsN) * Shape::kWarpTokens;
   const int input_rows = (count + 15) / 16 * 16;  // what the mma reads: the rest is zeroed
-  // The input rows of the group's pairs, read from the pairs once rather than at every stage.
-  __shared__ int32_t input_row_of[Tokens];
-  for (int t = threadIdx.x; t < count; t += kWarps * 32) {
-    input_row_of[t] = g.input_is_token ? p.token[first + t] : first + t;
-  }
-  __syncthreads();
 
   const auto load = [&](int stage, int c0) {
     uint16_t* w_tile = tiles + stage * Shape::kStageElements;
@@ -204,9 +198,9 @@ __global__ void __launch_bounds__(kWarps * 32, GroupedGemmShape<Tokens>::kMinCta
       } else {
         const int t = r - kRows;
         const bool valid = t < count && col < col_end;
-        const int64_t input_row = valid ? input_row_of[t] : 0;
+        const int64_t input_row = !valid ? 0 : g.input_is_token ? p.token[first + t] : first + t;
         cp_async_16(shared_address(x_tile + swizzled(t, chunk)),
-                    g.input + input_row * g.in_cols + (valid ? col : 0), valid);
+                    g.input + (valid ? input_row * g.in_cols + col : 0), valid);
       }
     }
   };
