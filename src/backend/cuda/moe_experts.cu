@@ -184,24 +184,49 @@ __global__ void __launch_bounds__(kWarps * 32, GroupedGemmShape<Tokens>::kMinCta
   const int warp_token0 = (warp % Shape::kWarpsN) * Shape::kWarpTokens;
   const int input_rows = (count + 15) / 16 * 16;  // what the mma reads: the rest is zeroed
 
+  // Each thread copies the same 16-byte chunk of rows kCopyRows apart at every stage: their element
+  // offsets are found once, so that a stage's copies cost a few instructions each (address
+  // arithmetic per copy held the issue slots busy).
+  constexpr int kChunks = kCols / 8;
+  constexpr int kCopyRows = kWarps * 32 / kChunks;
+  constexpr int kWeightCopies = kRows / kCopyRows;
+  constexpr int kInputCopies = (Tokens + kCopyRows - 1) / kCopyRows;
+  const int chunk = threadIdx.x % kChunks, copy_row = threadIdx.x / kChunks;
+  uint32_t weight_at[kWeightCopies], input_at[kInputCopies];
+  uint32_t has_row = 0;  // bit j: weight copy j has a row; bit kWeightCopies + j: input copy j
+#pragma unroll
+  for (int j = 0; j < kWeightCopies; ++j) {
+    const int wr = weight_row(copy_row + j * kCopyRows);
+    weight_at[j] = wr >= 0 ? static_cast<uint32_t>(wr) * g.in_cols : 0;
+    if (wr >= 0) has_row |= 1u << j;
+  }
+#pragma unroll
+  for (int j = 0; j < kInputCopies; ++j) {
+    const int t = copy_row + j * kCopyRows;
+    const int input_row = t >= count ? 0 : g.input_is_token ? p.token[first + t] : first + t;
+    input_at[j] = static_cast<uint32_t>(input_row) * g.in_cols;
+    if (t < count) has_row |= 1u << (kWeightCopies + j);
+  }
+  const int shared_at = swizzled(copy_row, chunk);  // plus kCopyRows rows per copy
+
   const auto load = [&](int stage, int c0) {
     uint16_t* w_tile = tiles + stage * Shape::kStageElements;
     uint16_t* x_tile = w_tile + kRows * kCols;
-    for (int i = threadIdx.x; i < (kRows + input_rows) * (kCols / 8); i += kWarps * 32) {
-      const int r = i / (kCols / 8), chunk = i % (kCols / 8);
-      const int col = c0 + chunk * 8;
-      if (r < kRows) {
-        const int wr = weight_row(r);
-        const bool valid = wr >= 0 && col < col_end;
-        const uint16_t* src = w + (valid ? static_cast<int64_t>(wr) * g.in_cols + col : 0);
-        cp_async_16(shared_address(w_tile + swizzled(r, chunk)), src, valid);
-      } else {
-        const int t = r - kRows;
-        const bool valid = t < count && col < col_end;
-        const int64_t input_row = !valid ? 0 : g.input_is_token ? p.token[first + t] : first + t;
-        cp_async_16(shared_address(x_tile + swizzled(t, chunk)),
-                    g.input + (valid ? input_row * g.in_cols + col : 0), valid);
-      }
+    const int col = c0 + chunk * 8;
+    const bool in_columns = col < col_end;
+#pragma unroll
+    for (int j = 0; j < kWeightCopies; ++j) {
+      const bool valid = in_columns && (has_row >> j & 1u);
+      cp_async_16(shared_address(w_tile + shared_at + j * kCopyRows * kCols),
+                  w + (valid ? weight_at[j] + col : 0), valid);
+    }
+#pragma unroll
+    for (int j = 0; j < kInputCopies; ++j) {
+      // Rows from count to input_rows are zeroed; those after them are not read.
+      if (copy_row + j * kCopyRows >= input_rows) break;
+      const bool valid = in_columns && (has_row >> (kWeightCopies + j) & 1u);
+      cp_async_16(shared_address(x_tile + shared_at + j * kCopyRows * kCols),
+                  g.input + (valid ? input_at[j] + col : 0), valid);
     }
   };
 
@@ -546,6 +571,15 @@ void launch_grouped_gemm(const GroupedGemm& g, const MoePairs& pairs, int max_ro
   // The grid is cut along the columns until it is about four waves of two CTAs per
   // multiprocessor (fewer CTAs leave a long last wave), each part at least two column steps; the
   // parts then add into a zeroed output.
+  // The kernel holds element offsets of the weights and the input rows in 32 bits.
+  constexpr int64_t kMaxElements = int64_t{1} << 32;
+  if (static_cast<int64_t>(g.out_rows) * g.in_cols >= kMaxElements ||
+      static_cast<int64_t>(out_count) * g.in_cols >= kMaxElements) {
+    fail(ErrorKind::kUnsupported,
+         "grouped_gemm: {} x {} weights or {} input rows of {} columns (fewer than 2^32 elements "
+         "each)",
+         g.out_rows, g.in_cols, out_count, g.in_cols);
+  }
   const bool swiglu = g.swiglu_out != nullptr;
   if (swiglu && (!(max_rows == 1 || max_rows > kMaxGroupedTokens) || g.out_rows % 2 != 0)) {
     fail(ErrorKind::kUnsupported,
