@@ -125,12 +125,13 @@ constexpr int kCols = 64;           // input columns per pipeline stage
 // taking 64 rows and 32 tokens, and two CTAs of three stages share a multiprocessor.
 template <int Tokens>
 struct GroupedGemmShape {
-  static constexpr int kWarpsN = Tokens > 64 ? 4 : 1;  // warps along the tokens
+  static constexpr bool kWide = Tokens > kMaxGroupedTokens;  // groups of kWideGroupTokens
+  static constexpr int kWarpsN = kWide ? 4 : 1;              // warps along the tokens
   static constexpr int kWarpRows = kRows / (kWarps / kWarpsN);
   static constexpr int kWarpTokens = Tokens / kWarpsN;
   static constexpr int kStageElements = (kRows + Tokens) * kCols;
   static constexpr int kStages = Tokens <= 16 ? 6 : 3;
-  static constexpr int kMinCtas = Tokens > 64 ? 2 : 1;
+  static constexpr int kMinCtas = kWide ? 2 : 1;
   static constexpr int kSharedBytes = kStages * kStageElements * static_cast<int>(sizeof(uint16_t));
 };
 
@@ -158,9 +159,8 @@ __global__ void __launch_bounds__(kWarps * 32, GroupedGemmShape<Tokens>::kMinCta
   const bool dense = g.dense != nullptr;
   // Wide groups run an expert's groups side by side (groups along x), so that each weight tile
   // is read from DRAM once for all of them however many groups the expert has.
-  constexpr bool kGroupsAlongX = Tokens > kMaxGroupedTokens;
-  const int group = kGroupsAlongX ? blockIdx.x : blockIdx.y;
-  const int row_tile = kGroupsAlongX ? blockIdx.y : blockIdx.x;
+  const int group = Shape::kWide ? blockIdx.x : blockIdx.y;
+  const int row_tile = Shape::kWide ? blockIdx.y : blockIdx.x;
   if (!dense && group >= *p.num_groups) return;
   const int first = dense ? 0 : p.group_first[group];
   const int count = dense ? g.dense_rows : p.group_first[group + 1] - first;
@@ -170,7 +170,7 @@ __global__ void __launch_bounds__(kWarps * 32, GroupedGemmShape<Tokens>::kMinCta
   extern __shared__ uint4 shared_raw[];
   uint16_t* tiles = reinterpret_cast<uint16_t*>(shared_raw);
   const uint16_t* w = dense ? g.dense : g.weights[p.group_expert[group]];
-  const bool swiglu = Tokens > kMaxGroupedTokens && g.swiglu_out != nullptr;
+  const bool swiglu = Shape::kWide && g.swiglu_out != nullptr;
   const int half_rows = g.out_rows / 2;
   const int row0 = row_tile * (swiglu ? kRows / 2 : kRows);
   // The weight row of tile row r, or -1 past the end.
@@ -271,13 +271,13 @@ __global__ void __launch_bounds__(kWarps * 32, GroupedGemmShape<Tokens>::kMinCta
   }
   cp_async_wait_all();
 
-  if constexpr (Tokens > kMaxGroupedTokens) {
+  if constexpr (Shape::kWide) {
     if (swiglu) {
       // The warps of the first kRows / 2 tile rows hold gate sums, those after them the up sums
       // of the same outputs and tokens.
       constexpr int kStride = Tokens + 4;
       float* up = reinterpret_cast<float*>(shared_raw);
-      static_assert((kRows / 2) * kStride * 4 <= GroupedGemmShape<Tokens>::kSharedBytes);
+      static_assert((kRows / 2) * kStride * 4 <= Shape::kSharedBytes);
       const bool gate_warp = warp_row0 < kRows / 2;
       const auto local = [&](int mt, int nt, int e) {
         return (mt * 16 + lane / 4 + (e / 2) * 8) * kStride + warp_token0 + nt * 8 +
