@@ -2,8 +2,8 @@
 # Packs the CUDA build (build-cuda/, or the build directory given as $1) for the GPU machine, which
 # runs Ubuntu 24.04 with the CUDA toolkit but not every library ekva was linked against here: one
 # archive, BUILD/device-all, that a device call carries beside the working tree (the two share
-# 64 MiB): ekva, the CUDA tests and the decode attention benchmark with fmt 9, SentencePiece,
-# ICU 72 (its normalization data alone), cpp-httplib 0.11 and Brotli. Carry it and run
+# 64 MiB): ekva, the CUDA tests, the decode attention benchmark and the kernel trace library with
+# fmt 9, SentencePiece, ICU 72 (its normalization data alone), cpp-httplib 0.11 and Brotli. Carry it and run
 # BUILD/device-all/run.sh COMMAND...: run.sh unpacks on first use, puts the libraries on
 # LD_LIBRARY_PATH and runs its arguments (the binaries are BUILD/device-all/devpack/ekva,
 # .../test_backend_cuda and .../cuda_decode_attention_bench). bench/serve/run_h200.sh takes
@@ -18,6 +18,9 @@ dir=$build/device-all
 pack_stage "$dir"
 cp -L "$build/src/cli/ekva" "$build/tests/test_backend_cuda" \
   "$build/bench/cuda/cuda_decode_attention_bench" "$dir/devpack/"
+# The kernel timeline library (tools/kernel_trace), where the toolkit had CUPTI to build it.
+trace=$build/tools/kernel_trace/libekva_kernel_trace.so
+[ -f "$trace" ] && cp -L "$trace" "$dir/devpack/"
 find "$dir/devpack" -type f -exec strip {} +
 # serve and loadgen link Debian's cpp-httplib 0.11 (Ubuntu 24.04 has 0.14) and its Brotli.
 cp -L -t "$dir/devpack/" $lib/libfmt.so.9 $lib/libgomp.so.1 $lib/libsentencepiece.so.0 \
