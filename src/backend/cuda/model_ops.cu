@@ -57,13 +57,21 @@ __global__ void __launch_bounds__(kNormThreads)
     rms_norm_kernel(float* x, const float* delta, int first_rows, int total_rows, int first_dim,
                     const float* first_weight, int dim2, const float* weight2, float eps,
                     float* out_f32, uint16_t* out_bf16) {
-  follow_prior_grid();
   __shared__ double partial[kNormThreads / 32];
   const int r = blockIdx.x * blockDim.y + threadIdx.y;
   // Rows past first_rows are of a second array stored right after the first (keys after queries).
   const bool second = r >= first_rows;
   const int dim = r < total_rows ? (second ? dim2 : first_dim) : 0;  // past the end: no work
   const float* weight = second ? weight2 : first_weight;
+  // The weights do not depend on the kernel before: the thread's first ones are loaded while it
+  // finishes.
+  float weight_ahead[kNormUnroll];
+#pragma unroll
+  for (int u = 0; u < kNormUnroll; ++u) {
+    const int i = threadIdx.x + u * blockDim.x;
+    weight_ahead[u] = i < dim ? weight[i] : 0.0f;
+  }
+  follow_prior_grid();
   const int64_t offset = second ? static_cast<int64_t>(first_rows) * first_dim +
                                       static_cast<int64_t>(r - first_rows) * dim2
                                 : static_cast<int64_t>(r) * first_dim;
@@ -98,11 +106,19 @@ __global__ void __launch_bounds__(kNormThreads)
   for (int w = 0; w < row_warps; ++w) total += partial[threadIdx.y * row_warps + w];
   const float inv =
       dim > 0 ? static_cast<float>(1.0 / sqrt(total / dim + static_cast<double>(eps))) : 0.0f;
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-    const float y = __fmul_rn(__fmul_rn(row[i], inv), weight[i]);
+  const auto write = [&](int i, float w) {
+    const float y = __fmul_rn(__fmul_rn(row[i], inv), w);
     const int64_t at = offset + i;
     if (out_f32 != nullptr) out_f32[at] = y;
     if (out_bf16 != nullptr) out_bf16[at] = to_bf16_bits(y);
+  };
+#pragma unroll
+  for (int u = 0; u < kNormUnroll; ++u) {
+    const int i = threadIdx.x + u * blockDim.x;
+    if (i < dim) write(i, weight_ahead[u]);
+  }
+  for (int i = threadIdx.x + kNormUnroll * blockDim.x; i < dim; i += blockDim.x) {
+    write(i, weight[i]);
   }
 }
 
@@ -228,7 +244,6 @@ __global__ void __launch_bounds__(kRouterThreads)
     route_experts_kernel(const float* x, const float* w, int hidden, int num_experts, int slices,
                          int top_k, bool renormalise, float* logits, int32_t* experts, float* gates,
                          uint32_t* workspace, const MoePairs one_token_pairs) {
-  follow_prior_grid();
   __shared__ float partial[kRouterThreads / 32];
   __shared__ bool last;
   const int e = blockIdx.x / slices, s = blockIdx.x % slices, token = blockIdx.y;
@@ -237,14 +252,26 @@ __global__ void __launch_bounds__(kRouterThreads)
       reinterpret_cast<const float4*>(x + static_cast<int64_t>(token) * hidden) + s * quads;
   const auto* wv =
       reinterpret_cast<const float4*>(w + static_cast<int64_t>(e) * hidden) + s * quads;
+  // The router's weights do not depend on the kernel before: the first ones are loaded while it
+  // finishes.
+  float4 b[kRouterUnroll];
+  const auto load_weights = [&](int base) {
+#pragma unroll
+    for (int u = 0; u < kRouterUnroll; ++u) {
+      const int i = base + u * kRouterThreads;
+      b[u] = i < quads ? wv[i] : float4{};
+    }
+  };
+  load_weights(threadIdx.x);
+  follow_prior_grid();
   float sum = 0.0f;
   for (int base = threadIdx.x; base < quads; base += kRouterThreads * kRouterUnroll) {
-    float4 a[kRouterUnroll], b[kRouterUnroll];
+    if (base != static_cast<int>(threadIdx.x)) load_weights(base);
+    float4 a[kRouterUnroll];
 #pragma unroll
     for (int u = 0; u < kRouterUnroll; ++u) {
       const int i = base + u * kRouterThreads;
       a[u] = i < quads ? xv[i] : float4{};
-      b[u] = i < quads ? wv[i] : float4{};
     }
 #pragma unroll
     for (int u = 0; u < kRouterUnroll; ++u)

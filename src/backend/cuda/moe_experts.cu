@@ -376,16 +376,18 @@ __device__ __forceinline__ float dot8(uint4 w, uint4 x, float acc) {
 }
 
 // grid: (row tiles of kGemvWarps / split * kWarpRows output rows, groups; kCombine: 1); launched
-// overlapping the kernel before it. A dense product's weights do not depend on that kernel, so
-// its first column steps are fetched into L2 before waiting for it.
-template <GemvOutput kOutput, int kWarpRows>
+// overlapping the kernel before it. A dense product's (kDense: g.dense) weights do not depend on
+// that kernel, so its first column steps are loaded into registers before waiting for it; they
+// take its own instantiation, since holding them costs registers that the grouped products need
+// for warps in flight.
+template <GemvOutput kOutput, int kWarpRows, bool kDense>
 __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(const GemvLaunch launch) {
   constexpr int kWeightRows = kGemvHalves<kOutput> * kWarpRows;
   constexpr int kDepth = kGemvDepth<kOutput, kWarpRows>;
   const GroupedGemm& g = launch.g;
   const MoePairs& p = launch.p;
   const int split = launch.split;
-  const bool dense = g.dense != nullptr;
+  constexpr bool dense = kDense;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int part = warp % split;
   const int slices = kOutput == GemvOutput::kCombine ? split / launch.groups_per_set : split;
@@ -400,32 +402,48 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(const GemvLaunch 
     const int r = min(row0 + k % kWarpRows, out_rows - 1);
     return k < kWarpRows ? r : out_rows + r;
   };
-  if (dense && slice == 0 && lane < kWeightRows) {
-    const int ahead = min(vectors, stride * kDepth) * 16;
-    prefetch_l2(g.dense + static_cast<int64_t>(weight_row(lane)) * g.in_cols, ahead);
+  const uint4* rows[kWeightRows];
+  const auto weights_from = [&](const uint16_t* w) {
+#pragma unroll
+    for (int k = 0; k < kWeightRows; ++k) {
+      rows[k] = reinterpret_cast<const uint4*>(w + static_cast<int64_t>(weight_row(k)) * g.in_cols);
+    }
+  };
+  const auto weight = [&](int v, int k) {
+    return v < vectors ? __ldcs(rows[k] + v) : make_uint4(0, 0, 0, 0);
+  };
+  uint4 wv[kDepth][kWeightRows];
+  const auto load_weights = [&](int base) {
+#pragma unroll
+    for (int d = 0; d < kDepth; ++d) {
+#pragma unroll
+      for (int k = 0; k < kWeightRows; ++k) wv[d][k] = weight(base + stride * d, k);
+    }
+  };
+  const int first_base = slice * 32 + lane;
+  if constexpr (dense) {
+    weights_from(g.dense);
+    load_weights(first_base);
   }
   follow_prior_grid();
   if (!dense && group >= *p.num_groups) return;  // uniform: never for kCombine
   const int first = dense ? 0 : p.group_first[group];
-  const uint16_t* w = dense ? g.dense : g.weights[p.group_expert[group]];
+  if (!dense) weights_from(g.weights[p.group_expert[group]]);
   const int64_t input_row = dense ? 0 : g.input_is_token ? p.token[first] : first;
   const uint4* x = reinterpret_cast<const uint4*>(g.input + input_row * g.in_cols);
-  const uint4* rows[kWeightRows];
-#pragma unroll
-  for (int k = 0; k < kWeightRows; ++k) {
-    rows[k] = reinterpret_cast<const uint4*>(w + static_cast<int64_t>(weight_row(k)) * g.in_cols);
-  }
   float acc[kWeightRows] = {};
-  for (int base = slice * 32 + lane; base < vectors; base += stride * kDepth) {
-    uint4 wv[kDepth][kWeightRows], xv[kDepth];
+  for (int base = first_base; base < vectors; base += stride * kDepth) {
+    uint4 xv[kDepth];
+    if constexpr (dense) {
+      if (base != first_base) load_weights(base);
+    }
 #pragma unroll
     for (int d = 0; d < kDepth; ++d) {
       const int v = base + stride * d;
-      const bool valid = v < vectors;
-      xv[d] = valid ? __ldg(x + v) : make_uint4(0, 0, 0, 0);
+      xv[d] = v < vectors ? __ldg(x + v) : make_uint4(0, 0, 0, 0);
+      if constexpr (!dense) {
 #pragma unroll
-      for (int k = 0; k < kWeightRows; ++k) {
-        wv[d][k] = valid ? __ldcs(rows[k] + v) : make_uint4(0, 0, 0, 0);
+        for (int k = 0; k < kWeightRows; ++k) wv[d][k] = weight(v, k);
       }
     }
 #pragma unroll
@@ -495,9 +513,14 @@ void launch_gemv(const GroupedGemm& g, const MoePairs& pairs, int groups, int di
     GemvLaunch launch{g, pairs, (combine ? groups : 1) * slices, combine ? groups : 1,
                       disabled_expert};
     const int rows_per_cta = kGemvWarps / launch.split * kWarpRows;
-    launch_overlapping(gemv_kernel<kOutput, kWarpRows>,
-                       dim3((out_rows + rows_per_cta - 1) / rows_per_cta, combine ? 1 : groups),
-                       dim3(kGemvWarps * 32), 0, stream, launch);
+    const dim3 grid((out_rows + rows_per_cta - 1) / rows_per_cta, combine ? 1 : groups);
+    if (g.dense != nullptr) {
+      launch_overlapping(gemv_kernel<kOutput, kWarpRows, true>, grid, dim3(kGemvWarps * 32), 0,
+                         stream, launch);
+    } else {
+      launch_overlapping(gemv_kernel<kOutput, kWarpRows, false>, grid, dim3(kGemvWarps * 32), 0,
+                         stream, launch);
+    }
   };
   if (g.in_cols / 8 >= 32 * kGemvDepth<kOutput, 1>) {
     launch_rows(std::integral_constant<int, 1>{});
