@@ -9,6 +9,10 @@
 
 namespace ekva {
 
+bool routed_experts_grouped(int64_t tokens, int top_k, int num_experts) {
+  return tokens <= kMaxGroupedStepTokens || tokens * top_k <= kMaxMeanGroupedPairs * num_experts;
+}
+
 StepPlan plan_step(const ModelSpec& spec, const ForwardBatch& batch, KvLayout& layout) {
   const int n = batch.size();
   if (batch.seq.size() != batch.tokens.size() || batch.pos.size() != batch.tokens.size() ||

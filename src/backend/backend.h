@@ -99,6 +99,16 @@ struct StepPlan {
   }
 };
 
+// Whether a step of `tokens` tokens runs its routed experts as grouped products over its (token,
+// expert) pairs, each touched expert's weights read once per group of its pairs (steps of up to
+// kMaxGroupedStepTokens tokens: decode; and steps whose experts average at most
+// kMaxMeanGroupedPairs pairs: a fine-grained model's prompt), rather than as one GEMM per expert
+// (a coarse model's prompt). The CUDA backend runs its experts so; the Roofline model costs them
+// so.
+inline constexpr int kMaxGroupedStepTokens = 64;
+inline constexpr int64_t kMaxMeanGroupedPairs = 8 * kMaxGroupedStepTokens;
+bool routed_experts_grouped(int64_t tokens, int top_k, int num_experts);
+
 // Checks the batch (token ids against the vocabulary, sequences against the layout, positions
 // against the context; throws kInvalidArgument), reserves a slot for every token at every
 // (layer, KV head) in `layout`, and advances each sequence's next position past its tokens.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backend/backend.h"
 #include "core/error.h"
 #include "kv/kv_budget.h"
 
@@ -34,7 +35,10 @@ class StepBuilder {
         weight_(number_format_bytes(w.weight_format)),
         kv_(number_format_bytes(w.kv_format)),
         batch_(static_cast<double>(w.batch)),
-        tokens_(w.phase == Phase::kDecode ? batch_ : batch_ * static_cast<double>(w.context)) {}
+        tokens_(w.phase == Phase::kDecode ? batch_ : batch_ * static_cast<double>(w.context)),
+        experts_grouped_(
+            s_.num_experts == 0 ||
+            routed_experts_grouped(static_cast<int64_t>(tokens_), s_.top_k, s_.num_experts)) {}
 
   StepCost build() {
     std::vector<double> experts_touched(s_.num_layers, 0.0);
@@ -217,7 +221,12 @@ class StepBuilder {
         break;
     }
     op.peak_format = ceilings_.effective_format(format);
-    op.efficiency = hw_.efficiency(op.kind, datasheet_only_);
+    // A step whose routed experts are one GEMM per expert (a coarse model's prompt) holds them to
+    // the GEMMs' efficiency.
+    const bool prefill = w_.phase == Phase::kPrefill;
+    op.efficiency = op.kind == OperatorKind::kRoutedExperts && !experts_grouped_
+                        ? hw_.efficiency_as(OperatorClass::kGemm, prefill, datasheet_only_)
+                        : hw_.efficiency(op.kind, prefill, datasheet_only_);
     op.compute_time_s = op.flops / (ceilings_.peak(format) * op.efficiency);
     op.memory_time_s = (op.read_bytes() / ceilings_.read_bandwidth +
                         op.write_bytes() / ceilings_.write_bandwidth) /
@@ -234,6 +243,7 @@ class StepBuilder {
   bool datasheet_only_;
   double act_, weight_, kv_;
   double batch_, tokens_;
+  bool experts_grouped_;  // routed_experts_grouped: the engine's kernels for the routed experts
   std::vector<OperatorCost> rows_;
 };
 

@@ -108,7 +108,7 @@ std::map<std::string, double> parse_operator_table(const FieldReader& r, const c
 MeasuredProfile parse_measured(const json& j, const std::string& where) {
   FieldReader r(j, where);
   r.allow_only({"read_bandwidth_gbps", "copy_bandwidth_gbps", "peak_tflops", "operator_efficiency",
-                "operator_latency_us", "method"});
+                "prefill_operator_efficiency", "operator_latency_us", "method"});
   MeasuredProfile m;
   m.method = r.string("method");
   m.read_bandwidth = r.positive_or_zero("read_bandwidth_gbps") * kGBps;
@@ -122,6 +122,8 @@ MeasuredProfile parse_measured(const json& j, const std::string& where) {
   if (r.has("peak_tflops"))
     m.peak_flops = parse_peaks(r.raw("peak_tflops"), where + " peak_tflops");
   m.operator_efficiency = parse_operator_table(r, "operator_efficiency", where, 1e-9, 2.0, 1.0);
+  m.prefill_efficiency =
+      parse_operator_table(r, "prefill_operator_efficiency", where, 1e-9, 2.0, 1.0);
   m.operator_latency = parse_operator_table(r, "operator_latency_us", where, 0.0, 1e4, 1e-6);
   return m;
 }
@@ -161,21 +163,34 @@ Ceilings HardwareSpec::ceilings(bool datasheet_only) const {
 
 namespace {
 
+const double* find_entry(const std::map<std::string, double>& table, std::string_view key) {
+  const auto it = table.find(std::string(key));
+  return it != table.end() ? &it->second : nullptr;
+}
+
 // The entry of `op`, else of its class, else `fallback`.
 double lookup(const std::map<std::string, double>& table, OperatorKind op, double fallback) {
-  if (auto it = table.find(std::string(operator_name(op))); it != table.end()) return it->second;
-  if (auto it = table.find(std::string(operator_class_name(operator_class(op))));
-      it != table.end()) {
-    return it->second;
-  }
+  if (const double* v = find_entry(table, operator_name(op))) return *v;
+  if (const double* v = find_entry(table, operator_class_name(operator_class(op)))) return *v;
   return fallback;
 }
 
 }  // namespace
 
-double HardwareSpec::efficiency(OperatorKind op, bool datasheet_only) const {
+double HardwareSpec::efficiency(OperatorKind op, bool prefill, bool datasheet_only) const {
   if (datasheet_only || !measured) return 1.0;
-  return lookup(measured->operator_efficiency, op, 1.0);
+  const double general = lookup(measured->operator_efficiency, op, 1.0);
+  return prefill ? lookup(measured->prefill_efficiency, op, general) : general;
+}
+
+double HardwareSpec::efficiency_as(OperatorClass runs_as, bool prefill, bool datasheet_only) const {
+  if (datasheet_only || !measured) return 1.0;
+  const std::string_view key = operator_class_name(runs_as);
+  if (const double* v = prefill ? find_entry(measured->prefill_efficiency, key) : nullptr) {
+    return *v;
+  }
+  const double* v = find_entry(measured->operator_efficiency, key);
+  return v != nullptr ? *v : 1.0;
 }
 
 double HardwareSpec::latency(OperatorKind op, bool datasheet_only) const {

@@ -33,6 +33,9 @@ struct MeasuredProfile {
   // Attained fraction of the roofline time per operator name or operator class (gemm, attention,
   // elementwise); an operator name wins over its class.
   std::map<std::string, double> operator_efficiency;
+  // The same in a prompt's step, whose operators run as other kernels (prefill attention on the
+  // tensor cores, routed experts as large grouped products); it wins over operator_efficiency.
+  std::map<std::string, double> prefill_efficiency;
   // Seconds each call of an operator costs on top of its roofline time (launch, ramp-up and tail of
   // a kernel), by operator name or class like the efficiencies.
   std::map<std::string, double> operator_latency;
@@ -56,9 +59,12 @@ struct HardwareSpec {
 
   // Datasheet figures, overridden field by field by the measured profile unless `datasheet_only`.
   Ceilings ceilings(bool datasheet_only) const;
-  // The measured efficiency of an operator (by name, else by class), 1 when none was recorded or
-  // `datasheet_only`.
-  double efficiency(OperatorKind op, bool datasheet_only) const;
+  // The measured efficiency of an operator (by name, else by class; in a prefill step the prefill
+  // table's first), 1 when none was recorded or `datasheet_only`.
+  double efficiency(OperatorKind op, bool prefill, bool datasheet_only) const;
+  // The same for an operator that runs as kernels of class `runs_as` (routed experts as one GEMM
+  // per expert): that class's entries alone.
+  double efficiency_as(OperatorClass runs_as, bool prefill, bool datasheet_only) const;
   // The measured fixed cost of one call of an operator, 0 when none was recorded or
   // `datasheet_only`.
   double latency(OperatorKind op, bool datasheet_only) const;

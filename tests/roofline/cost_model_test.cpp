@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "backend/backend.h"
 #include "budget/calibration.h"
 #include "core/error.h"
 #include "io/model_config.h"
@@ -330,6 +331,31 @@ TEST(CostModel, InvalidWorkloadsAreRejected) {
   p.phase = Phase::kPrefill;
   EXPECT_THROW(predict_step(s, hw, p), Error);
   EXPECT_THROW(parse_number_format("fp6", "--kv-dtype"), Error);
+}
+
+// A prompt's routed experts take the prefill efficiencies of the kernels the engine runs them as:
+// grouped products where the experts average few pairs (Qwen3's 128 experts), one GEMM per expert
+// where they average many (Mixtral's 8); a decode step's are grouped products either way.
+TEST(CostModel, PromptExpertsTakeTheEfficiencyOfTheirKernels) {
+  HardwareSpec hw = find_hardware("h200");
+  ASSERT_TRUE(hw.measured.has_value());
+  hw.measured->operator_efficiency = {{"routed_experts", 0.5}, {"gemm", 0.9}};
+  hw.measured->prefill_efficiency = {{"routed_experts", 0.25}, {"gemm", 0.8}};
+  const auto experts_efficiency = [&](const ModelSpec& s, Phase phase, int64_t batch) {
+    Workload w = decode(batch, 4096);
+    w.phase = phase;
+    for (const OperatorCost& r : predict_step(s, hw, w).operators) {
+      if (r.kind == OperatorKind::kRoutedExperts) return r.efficiency;
+    }
+    return 0.0;
+  };
+  EXPECT_TRUE(routed_experts_grouped(4096, 8, 128));
+  EXPECT_FALSE(routed_experts_grouped(4096, 2, 8));
+  EXPECT_DOUBLE_EQ(experts_efficiency(qwen3(), Phase::kPrefill, 1), 0.25);
+  EXPECT_DOUBLE_EQ(experts_efficiency(mixtral(), Phase::kPrefill, 1), 0.8);
+  EXPECT_DOUBLE_EQ(experts_efficiency(mixtral(), Phase::kDecode, 64), 0.5);
+  // Past 512 pairs per expert a decode step's experts are GEMMs too (Mixtral, 2049 sequences).
+  EXPECT_DOUBLE_EQ(experts_efficiency(mixtral(), Phase::kDecode, 2049), 0.9);
 }
 
 }  // namespace

@@ -475,15 +475,14 @@ void CudaBackend::moe_block(int layer, int moe_index, const StepPlan& plan, KvLa
 
 bool CudaBackend::experts_grouped(int n, const ForwardObserver* observer) const {
   const ModelSpec& s = weights_->spec();
-  // At most 8 groups per expert on average: an expert's groups run side by side and share its
-  // weights in L2, where a coarse model's thousand pairs per expert (Mixtral's 4096-token prompt)
-  // are one cuBLAS product each.
-  constexpr int64_t kMaxMeanPairs = 8 * kMaxGroupedTokens;
+  // At most 8 groups per expert on average (routed_experts_grouped): an expert's groups run side
+  // by side and share its weights in L2, where a coarse model's thousand pairs per expert
+  // (Mixtral's 4096-token prompt) are one cuBLAS product each.
+  static_assert(kMaxGroupedStepTokens == kMaxGroupedTokens &&
+                kMaxMeanGroupedPairs == 8 * kMaxGroupedTokens);
   const bool routing_only =
       observer == nullptr || (!observer->reads_kv() && !observer->reads_expert_outputs());
-  return routing_only &&
-         (n <= kMaxGroupedTokens ||
-          static_cast<int64_t>(n) * s.top_k <= kMaxMeanPairs * s.num_experts) &&
+  return routing_only && routed_experts_grouped(n, s.top_k, s.num_experts) &&
          grouped_gemm_supported(s.hidden_size, s.num_experts) &&
          grouped_gemm_supported(s.expert_intermediate, s.num_experts);
 }
