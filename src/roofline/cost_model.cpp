@@ -221,18 +221,35 @@ class StepBuilder {
         break;
     }
     op.peak_format = ceilings_.effective_format(format);
-    // A step whose routed experts are one GEMM per expert (a coarse model's prompt) holds them to
-    // the GEMMs' efficiency.
     const bool prefill = w_.phase == Phase::kPrefill;
-    op.efficiency = op.kind == OperatorKind::kRoutedExperts && !experts_grouped_
-                        ? hw_.efficiency_as(OperatorClass::kGemm, prefill, datasheet_only_)
-                        : hw_.efficiency(op.kind, prefill, datasheet_only_);
+    op.latency_s = hw_.latency(op.kind, datasheet_only_);
+    if (op.kind == OperatorKind::kRoutedExperts && !experts_grouped_) {
+      expert_gemms(op, ceilings_.peak(format), prefill);
+      return;
+    }
+    op.efficiency = hw_.efficiency(op.kind, prefill, datasheet_only_);
     op.compute_time_s = op.flops / (ceilings_.peak(format) * op.efficiency);
     op.memory_time_s = (op.read_bytes() / ceilings_.read_bandwidth +
                         op.write_bytes() / ceilings_.write_bandwidth) /
                        op.efficiency;
-    op.latency_s = hw_.latency(op.kind, datasheet_only_);
     op.time_s = std::max(op.compute_time_s, op.memory_time_s) + op.latency_s;
+    op.bound = row_bound(op);
+  }
+
+  // Routed experts run as one GEMM per expert (a coarse model's prompt, routed_experts_grouped):
+  // the GEMMs, at the GEMMs' efficiency, read the weights; the gathers of the assignments' rows,
+  // the SwiGLU and the gated sums are passes of their own over the activations, at the
+  // elementwise operators' efficiency, after them.
+  void expert_gemms(OperatorCost& op, double peak, bool prefill) const {
+    op.efficiency = hw_.efficiency_as(OperatorClass::kGemm, prefill, datasheet_only_);
+    const double passes = hw_.efficiency_as(OperatorClass::kElementwise, prefill, datasheet_only_);
+    op.compute_time_s = op.flops / (peak * op.efficiency);
+    const double weights_s = op.weight_bytes / ceilings_.read_bandwidth / op.efficiency;
+    const double passes_s = ((op.read_bytes() - op.weight_bytes) / ceilings_.read_bandwidth +
+                             op.write_bytes() / ceilings_.write_bandwidth) /
+                            passes;
+    op.memory_time_s = weights_s + passes_s;
+    op.time_s = std::max(op.compute_time_s, weights_s) + passes_s + op.latency_s;
     op.bound = row_bound(op);
   }
 

@@ -341,14 +341,26 @@ TEST(CostModel, PromptExpertsTakeTheEfficiencyOfTheirKernels) {
   ASSERT_TRUE(hw.measured.has_value());
   hw.measured->operator_efficiency = {{"routed_experts", 0.5}, {"gemm", 0.9}};
   hw.measured->prefill_efficiency = {{"routed_experts", 0.25}, {"gemm", 0.8}};
-  const auto experts_efficiency = [&](const ModelSpec& s, Phase phase, int64_t batch) {
+  hw.measured->prefill_efficiency["elementwise"] = 0.5;
+  const auto experts_row = [&](const ModelSpec& s, Phase phase, int64_t batch) {
     Workload w = decode(batch, 4096);
     w.phase = phase;
     for (const OperatorCost& r : predict_step(s, hw, w).operators) {
-      if (r.kind == OperatorKind::kRoutedExperts) return r.efficiency;
+      if (r.kind == OperatorKind::kRoutedExperts) return r;
     }
-    return 0.0;
+    return OperatorCost{};
   };
+  const auto experts_efficiency = [&](const ModelSpec& s, Phase phase, int64_t batch) {
+    return experts_row(s, phase, batch).efficiency;
+  };
+  // Grouped products are one roofline; GEMMs per expert are followed by their activation passes.
+  const OperatorCost grouped = experts_row(qwen3(), Phase::kPrefill, 1);
+  EXPECT_DOUBLE_EQ(grouped.time_s,
+                   std::max(grouped.compute_time_s, grouped.memory_time_s) + grouped.latency_s);
+  const OperatorCost gemms = experts_row(mixtral(), Phase::kPrefill, 1);
+  const double ceiling = gemms.compute_time_s + gemms.latency_s;
+  EXPECT_GT(gemms.time_s, ceiling);
+  EXPECT_LT(gemms.time_s, ceiling + gemms.memory_time_s);
   EXPECT_TRUE(routed_experts_grouped(4096, 8, 128));
   EXPECT_FALSE(routed_experts_grouped(4096, 2, 8));
   EXPECT_DOUBLE_EQ(experts_efficiency(qwen3(), Phase::kPrefill, 1), 0.25);
