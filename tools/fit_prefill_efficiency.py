@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Prefill efficiencies of the Roofline profile from one prompt's per-kernel times.
 
-    ekva roofline --model CONFIG --hw PROFILE --phase prefill --context N --per-layer --json > r.json
+    ekva roofline --model CONFIG --hw h200 --phase prefill --context N --json > r.json
     tools/fit_prefill_efficiency.py r.json ncu-summary.txt
 
-PROFILE must have no prefill table (its prefill rows then take operator_efficiency, which this
-divides out). ncu-summary.txt is tools/ncu_summary.py's listing of the same prompt (per-layer
+Each row's efficiency in the report is divided out, so the profile's own prefill table does not
+matter. ncu-summary.txt is tools/ncu_summary.py's listing of the same prompt (per-layer
 microseconds by kernel name). Each group of Roofline rows below is matched with the kernels that
 run it in EKVA's engine; its efficiency is the rows' roofline time at efficiency 1 (the larger of
 compute and memory, per row) over the kernels' time less the rows' per-call latencies, so that
@@ -16,6 +16,7 @@ import argparse
 import collections
 import json
 import re
+import sys
 
 # Roofline rows -> the kernels (name substrings) that run them in a fine-grained model's prompt.
 GROUPS = {
@@ -31,10 +32,12 @@ LINE = re.compile(r"^\s*[\d.]+ us\s+\d+x\s+[\d.]+ us/launch\s+([\d.]+) us/layer\
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("roofline", help="ekva roofline --per-layer --json of the prompt")
+    parser.add_argument("roofline", help="ekva roofline --phase prefill --json of the prompt")
     parser.add_argument("kernels", help="tools/ncu_summary.py output for the same prompt")
     args = parser.parse_args()
     report = json.load(open(args.roofline))
+    if report.get("workload", {}).get("phase") != "prefill":
+        sys.exit(f"{args.roofline}: not an ekva roofline --phase prefill --json report")
     layers = max(r["layer"] for r in report["operators"]) + 1
     per_layer = collections.defaultdict(lambda: [0.0, 0.0])  # roof at efficiency 1, latency
     for r in report["operators"]:
@@ -49,6 +52,8 @@ def main():
         m = LINE.match(line)
         if m:
             kernels[m.group(2).strip()] = float(m.group(1))
+    if not kernels:
+        sys.exit(f"{args.kernels}: no per-layer kernel lines of tools/ncu_summary.py")
     table = {}
     for group, (rows, names) in GROUPS.items():
         roof = sum(per_layer[r][0] for r in rows)

@@ -10,6 +10,7 @@
 #include <cupti.h>
 #include <cxxabi.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -30,6 +31,8 @@ struct KernelRecord {
 
 std::mutex records_mutex;
 std::vector<KernelRecord> records;
+std::FILE* trace_file = nullptr;  // opened when the library loads, so a bad path fails at once
+const char* trace_path = nullptr;
 constexpr size_t kBufferBytes = 8 << 20;
 
 void check(CUptiResult result, const char* what) {
@@ -53,7 +56,7 @@ std::string demangled(const char* name) {
 
 void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
   *buffer = static_cast<uint8_t*>(std::aligned_alloc(8, kBufferBytes));
-  *size = kBufferBytes;
+  *size = *buffer != nullptr ? kBufferBytes : 0;  // none: CUPTI drops the records
   *max_records = 0;
 }
 
@@ -77,31 +80,31 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
 
 void write_trace() {
   cuptiActivityFlushAll(1);
-  const char* path = std::getenv("EKVA_KERNEL_TRACE");
-  std::FILE* out = std::fopen(path, "w");
-  if (out == nullptr) {
-    std::fprintf(stderr, "kernel_trace: cannot write %s: %s\n", path, std::strerror(errno));
-    return;
-  }
-  std::fprintf(out, "start_ns,end_ns,graph_id,graph_node_id,stream_id,grid,block,name\n");
+  std::fprintf(trace_file, "start_ns,end_ns,graph_id,graph_node_id,stream_id,grid,block,name\n");
   std::lock_guard lock(records_mutex);
   for (const KernelRecord& r : records) {
-    std::fprintf(out, "%llu,%llu,%u,%llu,%u,%dx%dx%d,%dx%dx%d,%s\n",
+    std::fprintf(trace_file, "%llu,%llu,%u,%llu,%u,%dx%dx%d,%dx%dx%d,%s\n",
                  static_cast<unsigned long long>(r.start), static_cast<unsigned long long>(r.end),
                  r.graph_id, static_cast<unsigned long long>(r.graph_node_id), r.stream_id,
                  r.grid[0], r.grid[1], r.grid[2], r.block[0], r.block[1], r.block[2],
                  r.name.c_str());
   }
-  std::fclose(out);
-  std::fprintf(stderr, "kernel_trace: %zu kernels written to %s\n", records.size(), path);
+  std::fclose(trace_file);
+  std::fprintf(stderr, "kernel_trace: %zu kernels written to %s\n", records.size(), trace_path);
 }
 
 }  // namespace
 
 // Called by the CUDA driver when CUDA_INJECTION64_PATH names this library.
 extern "C" __attribute__((visibility("default"))) int InitializeInjection() {
-  if (std::getenv("EKVA_KERNEL_TRACE") == nullptr) {
+  trace_path = std::getenv("EKVA_KERNEL_TRACE");
+  if (trace_path == nullptr) {
     std::fprintf(stderr, "kernel_trace: set EKVA_KERNEL_TRACE to the CSV file to write\n");
+    std::exit(2);
+  }
+  trace_file = std::fopen(trace_path, "w");
+  if (trace_file == nullptr) {
+    std::fprintf(stderr, "kernel_trace: cannot write %s: %s\n", trace_path, std::strerror(errno));
     std::exit(2);
   }
   check(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed),
