@@ -1,8 +1,10 @@
 // Attention of runs of one sequence's tokens over the paged KV pool on the tensor cores: one CTA
-// per (tile of up to kPrefillTileTokens consecutive tokens, query head), a warp per 16 query rows,
-// 64 slots per step with an online softmax (S = QK^T and O = PV as bf16 mma with fp32
+// per (tile of up to kPrefillTileTokens consecutive tokens, query head), a warp per kWarpRows
+// query rows, 64 slots per step with an online softmax (S = QK^T and O = PV as bf16 mma with fp32
 // accumulators), the next slots' K and V copied into shared memory while the current ones are
-// multiplied. Causal by each slot's stored position, as paged_attention.
+// multiplied. Causal by each slot's stored position, as paged_attention. The kernel is bound by
+// the instructions it issues, not by the tensor cores or shared memory: steps below the diagonal
+// skip the mask, and a row's output is rescaled only when its maximum grows.
 #include <cuda_bf16.h>
 
 #include <climits>
@@ -18,8 +20,13 @@
 namespace ekva::cuda {
 namespace {
 
-constexpr int kThreads = 2 * kPrefillTileTokens;  // a warp per 16 query rows
-constexpr int kSlots = 64;                        // per step of the slot loop
+// Query rows per warp, in 16-row fragments: 32 rows read each K and V fragment from shared memory
+// for two fragments, but their registers leave a quarter of the warps, which the issue-bound
+// loop needs more (docs/BENCHMARKS.md, session 16).
+constexpr int kWarpRows = 16;
+constexpr int kHalves = kWarpRows / 16;
+constexpr int kThreads = 32 * kPrefillTileTokens / kWarpRows;
+constexpr int kSlots = 64;  // per step of the slot loop
 
 // Element offset of 16-byte chunk `chunk` of row `row` in a [rows][head_dim] bf16 tile. Chunks are
 // XOR-swizzled by the row so that the eight row addresses of an ldmatrix fall in distinct banks
@@ -46,6 +53,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   __shared__ int32_t slot_pos[2][kSlots];
   __shared__ int32_t query_pos[kPrefillTileTokens];
   __shared__ int32_t max_query_pos;
+  __shared__ int32_t min_query_pos;
   __shared__ int32_t last_visible_slot;
 
   // Later tiles of a sequence see more slots: they start first, so that the grid's last wave is
@@ -62,6 +70,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 
   if (threadIdx.x == 0) {
     max_query_pos = INT_MIN;
+    min_query_pos = INT_MAX;
     last_visible_slot = -1;
   }
   for (int c = threadIdx.x; c < kPrefillTileTokens * kChunks; c += kThreads) {
@@ -80,7 +89,10 @@ __global__ void __launch_bounds__(kThreads, 2)
     query_pos[threadIdx.x] = threadIdx.x < count ? a.positions[first + threadIdx.x] : INT_MIN;
   }
   __syncthreads();
-  if (threadIdx.x < count) atomicMax(&max_query_pos, query_pos[threadIdx.x]);
+  if (threadIdx.x < count) {
+    atomicMax(&max_query_pos, query_pos[threadIdx.x]);
+    atomicMin(&min_query_pos, query_pos[threadIdx.x]);
+  }
   __syncthreads();
 
   const auto load_slots = [&](int stage, int step) {
@@ -117,95 +129,139 @@ __global__ void __launch_bounds__(kThreads, 2)
   __syncthreads();
   const int steps = (last_visible_slot + kSlots) / kSlots;
 
-  const int row0 = warp * 16 + lane / 4;  // this thread's rows: row0 and row0 + 8
-  const int pos0 = query_pos[row0], pos1 = query_pos[row0 + 8];
+  // This thread's rows: warp * kWarpRows + half * 16 + lane / 4 + 8 * r for r in {0, 1}, held as
+  // row i = 2 * half + r.
+  const int row_base = warp * kWarpRows + lane / 4;
+  constexpr int kRows = 2 * kHalves;  // this thread's query rows
+  int pos[kRows];
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) pos[i] = query_pos[row_base + 8 * i];
 
-  float o[D / 8][4] = {};
-  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+  float o[kHalves][D / 8][4] = {};
+  float m[kRows];
+  float l[kRows] = {};
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) m[i] = -INFINITY;
   for (int step = 0; step < steps; ++step) {
     const int stage = step & 1;
     if (step + 1 < steps) load_slots(stage ^ 1, step + 1);
     cp_async_commit();
     cp_async_wait<1>();
-    // Slots all after every query of the tile (the causal upper triangle) cost no arithmetic.
-    const bool visible =
-        __syncthreads_or(threadIdx.x < kSlots && slot_pos[stage][threadIdx.x] <= max_query_pos);
+    // Slots all after every query of the tile (the causal upper triangle) cost no arithmetic;
+    // slots all before every query (below the diagonal) need no mask.
+    const bool in_step = threadIdx.x < kSlots;
+    const int slot_position = in_step ? slot_pos[stage][threadIdx.x] : INT_MAX;
+    const bool visible = __syncthreads_or(slot_position <= max_query_pos);
+    const bool unmasked = __syncthreads_and(!in_step || slot_position <= min_query_pos);
     if (visible) {
       const uint16_t* k_tile = k_tiles + stage * kSlots * D;
       const uint16_t* v_tile = v_tiles + stage * kSlots * D;
-      float s[kSlots / 8][4] = {};
+      float s[kHalves][kSlots / 8][4] = {};
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks) {
-        // This warp's 16 query rows as A fragments, read again at every step: held in registers
-        // through the loop they left one CTA per multiprocessor.
-        uint32_t qf[4];
-        ldmatrix_x4(
-            qf, shared_address(q_tile + swizzled<D>(warp * 16 + lane % 16, ks * 2 + lane / 16)));
+        // The warp's query rows as A fragments, read again at every step: held in registers
+        // through the loop they would not leave room for the accumulators.
+        uint32_t qf[kHalves][4];
+#pragma unroll
+        for (int half = 0; half < kHalves; ++half) {
+          ldmatrix_x4(qf[half],
+                      shared_address(q_tile + swizzled<D>(warp * kWarpRows + half * 16 + lane % 16,
+                                                          ks * 2 + lane / 16)));
+        }
 #pragma unroll
         for (int np = 0; np < kSlots / 16; ++np) {
           uint32_t b[4];
           ldmatrix_x4(b, shared_address(k_tile + swizzled<D>(np * 16 + lane % 8 + (lane / 16) * 8,
                                                              ks * 2 + (lane / 8) % 2)));
-          mma_bf16_16816(s[2 * np], qf, b[0], b[1]);
-          mma_bf16_16816(s[2 * np + 1], qf, b[2], b[3]);
+#pragma unroll
+          for (int half = 0; half < kHalves; ++half) {
+            mma_bf16_16816(s[half][2 * np], qf[half], b[0], b[1]);
+            mma_bf16_16816(s[half][2 * np + 1], qf[half], b[2], b[3]);
+          }
         }
       }
-      float tile_max0 = -INFINITY, tile_max1 = -INFINITY;
+      // Scores stay unscaled until their exponent (scale_log2 > 0 keeps their order); a step
+      // with every slot before every query of the tile (most steps of a long prompt) needs no mask.
+      if (!unmasked) {
 #pragma unroll
-      for (int nt = 0; nt < kSlots / 8; ++nt) {
+        for (int nt = 0; nt < kSlots / 8; ++nt) {
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int p = slot_pos[stage][nt * 8 + (lane % 4) * 2 + e];
-          s[nt][e] = p <= pos0 ? s[nt][e] * scale_log2 : -INFINITY;
-          s[nt][2 + e] = p <= pos1 ? s[nt][2 + e] * scale_log2 : -INFINITY;
-          tile_max0 = fmaxf(tile_max0, s[nt][e]);
-          tile_max1 = fmaxf(tile_max1, s[nt][2 + e]);
+          for (int e = 0; e < 2; ++e) {
+            const int p = slot_pos[stage][nt * 8 + (lane % 4) * 2 + e];
+#pragma unroll
+            for (int i = 0; i < kRows; ++i) {
+              if (p > pos[i]) s[i / 2][nt][(i % 2) * 2 + e] = -INFINITY;
+            }
+          }
+        }
+      }
+      float base[kRows];  // each row's new maximum, scaled
+      float correction[kRows];
+      bool grew = false;
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) {
+        float tile_max = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < kSlots / 8; ++nt) {
+          tile_max =
+              fmaxf(tile_max, fmaxf(s[i / 2][nt][(i % 2) * 2], s[i / 2][nt][(i % 2) * 2 + 1]));
+        }
+#pragma unroll
+        for (int offset = 1; offset < 4; offset *= 2) {
+          tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, offset));
+        }
+        const float new_max = fmaxf(m[i], tile_max);
+        // A row that has seen nothing yet keeps exponent base 0, so that exp2 never sees inf - inf.
+        base[i] = new_max == -INFINITY ? 0.0f : new_max * scale_log2;
+        correction[i] = exp2f(m[i] * scale_log2 - base[i]);
+        grew |= new_max != m[i];
+        m[i] = new_max;
+        l[i] *= correction[i];
+      }
+      // Once a row's maximum settles (most steps), its output needs no rescaling.
+      if (__any_sync(0xffffffffu, grew)) {
+#pragma unroll
+        for (int i = 0; i < kRows; ++i) {
+#pragma unroll
+          for (int dt = 0; dt < D / 8; ++dt) {
+            o[i / 2][dt][(i % 2) * 2] *= correction[i];
+            o[i / 2][dt][(i % 2) * 2 + 1] *= correction[i];
+          }
         }
       }
 #pragma unroll
-      for (int offset = 1; offset < 4; offset *= 2) {
-        tile_max0 = fmaxf(tile_max0, __shfl_xor_sync(0xffffffffu, tile_max0, offset));
-        tile_max1 = fmaxf(tile_max1, __shfl_xor_sync(0xffffffffu, tile_max1, offset));
-      }
-      const float new0 = fmaxf(m0, tile_max0), new1 = fmaxf(m1, tile_max1);
-      // A row that has seen nothing yet keeps exponent base 0, so that exp2 never sees inf - inf.
-      const float base0 = new0 == -INFINITY ? 0.0f : new0;
-      const float base1 = new1 == -INFINITY ? 0.0f : new1;
-      const float correction0 = exp2f(m0 - base0), correction1 = exp2f(m1 - base1);
-      m0 = new0;
-      m1 = new1;
-      l0 *= correction0;
-      l1 *= correction1;
+      for (int half = 0; half < kHalves; ++half) {
 #pragma unroll
-      for (int dt = 0; dt < D / 8; ++dt) {
-        o[dt][0] *= correction0;
-        o[dt][1] *= correction0;
-        o[dt][2] *= correction1;
-        o[dt][3] *= correction1;
-      }
+        for (int nt = 0; nt < kSlots / 8; ++nt) {
 #pragma unroll
-      for (int nt = 0; nt < kSlots / 8; ++nt) {
-        s[nt][0] = exp2f(s[nt][0] - base0);
-        s[nt][1] = exp2f(s[nt][1] - base0);
-        s[nt][2] = exp2f(s[nt][2] - base1);
-        s[nt][3] = exp2f(s[nt][3] - base1);
-        l0 += s[nt][0] + s[nt][1];
-        l1 += s[nt][2] + s[nt][3];
+          for (int c = 0; c < 4; ++c) {
+            const int i = 2 * half + c / 2;
+            s[half][nt][c] = exp2f(fmaf(s[half][nt][c], scale_log2, -base[i]));
+            l[i] += s[half][nt][c];
+          }
+        }
       }
 #pragma unroll
       for (int kk = 0; kk < kSlots / 16; ++kk) {
-        const uint32_t p[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]),
-                               pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                               pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                               pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+        uint32_t p[kHalves][4];
+#pragma unroll
+        for (int half = 0; half < kHalves; ++half) {
+          p[half][0] = pack_bf16(s[half][2 * kk][0], s[half][2 * kk][1]);
+          p[half][1] = pack_bf16(s[half][2 * kk][2], s[half][2 * kk][3]);
+          p[half][2] = pack_bf16(s[half][2 * kk + 1][0], s[half][2 * kk + 1][1]);
+          p[half][3] = pack_bf16(s[half][2 * kk + 1][2], s[half][2 * kk + 1][3]);
+        }
 #pragma unroll
         for (int dp = 0; dp < D / 16; ++dp) {
           uint32_t b[4];
           ldmatrix_x4_trans(
               b, shared_address(v_tile + swizzled<D>(kk * 16 + lane % 8 + ((lane / 8) % 2) * 8,
                                                      dp * 2 + lane / 16)));
-          mma_bf16_16816(o[2 * dp], p, b[0], b[1]);
-          mma_bf16_16816(o[2 * dp + 1], p, b[2], b[3]);
+#pragma unroll
+          for (int half = 0; half < kHalves; ++half) {
+            mma_bf16_16816(o[half][2 * dp], p[half], b[0], b[1]);
+            mma_bf16_16816(o[half][2 * dp + 1], p[half], b[2], b[3]);
+          }
         }
       }
     }
@@ -214,23 +270,19 @@ __global__ void __launch_bounds__(kThreads, 2)
   cp_async_wait_all();
 
 #pragma unroll
-  for (int offset = 1; offset < 4; offset *= 2) {
-    l0 += __shfl_xor_sync(0xffffffffu, l0, offset);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, offset);
-  }
-  const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+  for (int i = 0; i < kRows; ++i) {
 #pragma unroll
-  for (int dt = 0; dt < D / 8; ++dt) {
-    const int col = dt * 8 + (lane % 4) * 2;
-    if (row0 < count) {
-      *reinterpret_cast<uint32_t*>(
-          a.out + (static_cast<int64_t>(first + row0) * a.num_q_heads + h) * D + col) =
-          pack_bf16(o[dt][0] * inv0, o[dt][1] * inv0);
+    for (int offset = 1; offset < 4; offset *= 2) {
+      l[i] += __shfl_xor_sync(0xffffffffu, l[i], offset);
     }
-    if (row0 + 8 < count) {
-      *reinterpret_cast<uint32_t*>(
-          a.out + (static_cast<int64_t>(first + row0 + 8) * a.num_q_heads + h) * D + col) =
-          pack_bf16(o[dt][2] * inv1, o[dt][3] * inv1);
+    const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+    const int row = row_base + 8 * i;
+    if (row >= count) continue;
+    uint16_t* out = a.out + (static_cast<int64_t>(first + row) * a.num_q_heads + h) * D;
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) {
+      *reinterpret_cast<uint32_t*>(out + dt * 8 + (lane % 4) * 2) =
+          pack_bf16(o[i / 2][dt][(i % 2) * 2] * inv, o[i / 2][dt][(i % 2) * 2 + 1] * inv);
     }
   }
 }
