@@ -1,12 +1,13 @@
 // KV-policy overhead at decode: attention over one sequence's retained KV (Mixtral attention shape:
 // 32 query heads, 8 KV heads, head_dim 128, 16k-token context) with and without the score
 // bookkeeping and eviction that a policy adds per step; the pool's bytes per retained token; and
-// the compression of a long prompt on the host.
+// the compression of a long prompt on the host; and a prompt's step plan on the host.
 #include <benchmark/benchmark.h>
 
 #include <chrono>
 #include <random>
 
+#include "backend/backend.h"
 #include "backend/cpu/ops.h"
 #include "kv/eviction_plan.h"
 #include "kv/policy.h"
@@ -186,6 +187,29 @@ void BM_CompressPrompt(benchmark::State& state) {
   state.SetLabel(options.name);
 }
 
+// A prompt's step plan on the host (plan_step: a slot for every layer, token and KV head), which
+// every backend makes before the step's first kernel: 4096 tokens on one sequence's empty tables,
+// with Qwen3-30B-A3B's tables (48 layers x 4 KV heads) and OLMoE-1B-7B's (16 x 16).
+void BM_PlanPrompt(benchmark::State& state) {
+  constexpr int kPrompt = 4096;
+  ModelSpec s = attention_shape();
+  s.num_layers = static_cast<int>(state.range(0));
+  s.num_kv_heads = static_cast<int>(state.range(1));
+  s.num_heads = 2 * s.num_kv_heads;
+  s.vocab_size = 32000;
+  KvLayout layout(s, 1, KvFormat{16, DType::kBF16});
+  ForwardBatch batch;
+  for (int t = 0; t < kPrompt; ++t) batch.add(t % s.vocab_size, 0, t);
+  batch.logit_rows = {kPrompt - 1};
+  for (auto _ : state) {
+    state.PauseTiming();
+    layout.clear_sequence(0);
+    state.ResumeTiming();
+    const StepPlan plan = plan_step(s, batch, layout);
+    benchmark::DoNotOptimize(plan.slots.data());
+  }
+}
+
 }  // namespace
 }  // namespace ekva
 
@@ -205,4 +229,9 @@ BENCHMARK(ekva::BM_AttentionOnly)
     ->MinTime(2.0);
 BENCHMARK(ekva::BM_BytesPerRetainedToken)->Arg(256)->Arg(1000)->Arg(4096)->Iterations(1);
 BENCHMARK(ekva::BM_CompressPrompt)->DenseRange(0, 3)->Unit(benchmark::kMillisecond)->MinTime(1.0);
+BENCHMARK(ekva::BM_PlanPrompt)
+    ->Args({48, 4})
+    ->Args({16, 16})
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(1.0);
 BENCHMARK_MAIN();
