@@ -14,6 +14,11 @@ replay span, then per kernel and grid (so that products of different shapes stay
 duration from start to end (with programmatic dependent launch, a kernel starts before the one
 before it has finished, so this includes its wait), its exposed time and the gaps before it, in microseconds per layer, largest exposed first.
 The medians are over replays, so warm-up replays count for little.
+
+Kernels launched one by one (a prompt's step, which is not captured) are split into runs wherever
+the GPU idles for more than --run-gap-ms; for each run of at least --min-kernels kernels it prints
+the span from its first kernel's start to its last one's end, the idle time inside that span and
+the largest idle gap. A step's wall time less its span is host work before and after its kernels.
 """
 import argparse
 import collections
@@ -62,17 +67,22 @@ def main():
     parser.add_argument("csv", help="what libekva_kernel_trace.so wrote")
     parser.add_argument("--layers", type=int, default=1, help="divide per-replay times by this")
     parser.add_argument("--min-kernels", type=int, default=20,
-                        help="graphs with fewer kernels per replay are left out")
+                        help="graphs with fewer kernels per replay, and runs of kernels launched one "
+                        "by one with fewer kernels, are left out")
+    parser.add_argument("--run-gap-ms", type=float, default=2.0,
+                        help="an idle gap this long ends a run of kernels launched one by one")
     args = parser.parse_args()
     graphs = collections.defaultdict(list)
+    eager = []
     with open(args.csv) as f:
         for row in csv.DictReader(f):
+            kernel = {"start": int(row["start_ns"]), "end": int(row["end_ns"]),
+                      "node": int(row["graph_node_id"]),
+                      "name": f'{short_name(row["name"])} grid {row["grid"]}'}
             if row["graph_id"] == "0":
-                continue
-            graphs[int(row["graph_id"])].append({
-                "start": int(row["start_ns"]), "end": int(row["end_ns"]),
-                "node": int(row["graph_node_id"]),
-                "name": f'{short_name(row["name"])} grid {row["grid"]}'})
+                eager.append(kernel)
+            else:
+                graphs[int(row["graph_id"])].append(kernel)
     for graph_id in sorted(graphs):
         kernels = sorted(graphs[graph_id], key=lambda k: k["start"])
         runs = replays(kernels)
@@ -104,6 +114,28 @@ def main():
         exposed_sum = sum(statistics.median(v[1]) for v in per_name.values()) / 1e3 / layers
         gap_sum = sum(statistics.median(v[2]) for v in per_name.values()) / 1e3 / layers
         print(f"  sum of medians: exposed {exposed_sum:.2f}, gaps {gap_sum:.2f} us per layer")
+    eager_runs(sorted(eager, key=lambda k: k["start"]), args.run_gap_ms * 1e6, args.min_kernels)
+
+
+def eager_runs(kernels, run_gap_ns, min_kernels):
+    """Runs of kernels launched one by one: span, idle time inside it, largest idle gap."""
+    runs = []
+    latest_end = None
+    for k in kernels:
+        if latest_end is None or k["start"] - latest_end > run_gap_ns:
+            runs.append([])
+            latest_end = k["end"]
+        runs[-1].append(k)
+        latest_end = max(latest_end, k["end"])
+    for run in runs:
+        if len(run) < min_kernels:
+            continue
+        rows, span = attribute(run)
+        gaps = [(gap, name) for name, _, _, gap in rows]
+        largest = max(gaps)
+        print(f"launched one by one: {len(run)} kernels, span {span / 1e6:.2f} ms, idle inside "
+              f"{sum(g for g, _ in gaps) / 1e6:.2f} ms (largest {largest[0] / 1e3:.1f} us, before "
+              f"{largest[1]})")
 
 
 if __name__ == "__main__":
