@@ -25,6 +25,7 @@ import collections
 import csv
 import re
 import statistics
+import sys
 
 
 def short_name(name):
@@ -74,8 +75,18 @@ def main():
     args = parser.parse_args()
     graphs = collections.defaultdict(list)
     eager = []
-    with open(args.csv) as f:
-        for row in csv.DictReader(f):
+    columns = {"start_ns", "end_ns", "graph_id", "graph_node_id", "grid", "name"}
+    try:
+        f = open(args.csv)
+    except OSError as e:
+        sys.exit(f"kernel_trace_summary: cannot read {args.csv}: {e.strerror}")
+    with f:
+        reader = csv.DictReader(f)
+        missing = columns - set(reader.fieldnames or [])
+        if missing:
+            sys.exit(f"kernel_trace_summary: {args.csv} is not a kernel_trace CSV "
+                     f"(no column {', '.join(sorted(missing))})")
+        for row in reader:
             kernel = {"start": int(row["start_ns"]), "end": int(row["end_ns"]),
                       "node": int(row["graph_node_id"]),
                       "name": f'{short_name(row["name"])} grid {row["grid"]}'}
