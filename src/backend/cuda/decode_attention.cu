@@ -41,7 +41,7 @@ struct TileConfig {
   static constexpr int kTileElems = kDecodeTileTokens * kRowElems;  // K or V of one tile
   // Enough tiles in flight per multiprocessor to cover DRAM latency at two CTAs per SM.
   static constexpr int kStages = D == 128 ? 3 : 4;
-  // Room to align the tiles wherever the dynamic allocation starts (after the static arrays).
+  // Room to align the tiles wherever the dynamic allocation starts.
   static constexpr int kSmemBytes = kStages * 2 * kTileElems * 2 + 128;
   static constexpr int kChunksPerRow = D / 8;              // 16-byte chunks
   static constexpr int kRowsPerPass = 32 / kChunksPerRow;  // rows one warp copies per instruction
@@ -57,13 +57,8 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
   using Cfg = TileConfig<D>;
   static_assert(G <= 8, "the group's query heads are the low 8 rows of a 16-row fragment");
   extern __shared__ __align__(16) uint16_t smem[];
-  // The CTA's merge of its warps: per-warp maxima, then the scaled sums of all four warps. Rows
-  // are padded by 8 floats so that the quads of the group's heads hit distinct banks.
-  constexpr int kMergeRow = D + 8;
-  __shared__ float warp_max[kDecodeWarps][G];
-  __shared__ __align__(16) float merged_o[G * kMergeRow];
-  __shared__ float2 merged_ml[G];
   const uint32_t smem_base = (shared_address(smem) + 127) & ~127u;
+  uint16_t* const tiles = smem + (smem_base - shared_address(smem)) / 2;
 
   // The next kernel may start on the multiprocessors this grid frees; it waits for this one to
   // finish before it touches anything this one touches.
@@ -183,38 +178,35 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
                                          D)[c] = packed;
   };
 
-  const auto end_piece = [&]() {
+  // A warp's state at a piece's end goes to its own rows of the stage it has just used, which it
+  // alone fills and refills only at its next tile: the four warps merge after one barrier, where
+  // three warps' shared-memory atomics on the same addresses kept a piece's end waiting. Output
+  // dims are permuted by the head so that the heads' stores fall in different banks.
+  static_assert(G * D * sizeof(float) <= 16 * D * sizeof(uint16_t),
+                "a warp's output state fits in its K rows of a stage");
+  const auto warp_state = [&](int done_stage, int w) {
+    return reinterpret_cast<float*>(tiles + done_stage * 2 * Cfg::kTileElems + w * 16 * D);
+  };
+  const auto state_column = [](int head, int d) {
+    return head * D + ((d / 8) ^ head) % (D / 8) * 8 + d % 8;
+  };
+
+  const auto end_piece = [&](int done_stage) {
     float sum = row_sum;
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    if (row_g < G && quad == 0) warp_max[warp][row_g] = row_max;
-    __syncthreads();
-    float scale = 0.0f;
+    __syncwarp();  // every lane's ldmatrix of the rows the state overwrites has completed
     if (row_g < G) {
-      float cta_max = warp_max[0][row_g];
-#pragma unroll
-      for (int w = 1; w < kDecodeWarps; ++w) cta_max = fmaxf(cta_max, warp_max[w][row_g]);
-      // A warp that saw no slot of the piece (row_max = -inf) adds nothing.
-      scale = row_max == -INFINITY ? 0.0f : exp2f(row_max - cta_max);
-      if (warp == 0) {
-        float* dst = merged_o + row_g * kMergeRow + quad * 2;
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-          dst[n * 8] = o[n][0] * scale;
-          dst[n * 8 + 1] = o[n][1] * scale;
-        }
-        if (quad == 0) merged_ml[row_g] = make_float2(cta_max, sum * scale);
-      }
-    }
-    __syncthreads();
-    if (row_g < G && warp != 0) {
-      float* dst = merged_o + row_g * kMergeRow + quad * 2;
+      float* state = warp_state(done_stage, warp);
 #pragma unroll
       for (int n = 0; n < D / 8; ++n) {
-        atomicAdd(dst + n * 8, o[n][0] * scale);
-        atomicAdd(dst + n * 8 + 1, o[n][1] * scale);
+        *reinterpret_cast<float2*>(state + state_column(row_g, n * 8 + quad * 2)) =
+            make_float2(o[n][0], o[n][1]);
       }
-      if (quad == 0) atomicAdd(&merged_ml[row_g].y, sum * scale);
+      // The maxima and sums after the outputs, in the warp's V rows of the stage.
+      if (quad == 0) {
+        reinterpret_cast<float2*>(state + Cfg::kTileElems / 2)[row_g] = make_float2(row_max, sum);
+      }
     }
     __syncthreads();
 
@@ -222,34 +214,50 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
     const int first = segment_first;
     const int count = segment_count;
     constexpr int kColumns = G * D / 4;  // 4-float columns of the group's output
-    // Column c of the CTA's output for this piece, normalised by its sum.
-    const auto normalised_column = [&](int c) {
-      const int head = c * 4 / D;
-      const float l = merged_ml[head].y;
-      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-      const float4 v =
-          *reinterpret_cast<const float4*>(merged_o + head * kMergeRow + (c * 4 - head * D));
-      return make_float4(v.x * inv, v.y * inv, v.z * inv, v.w * inv);
-    };
-    if (count == 1 && p.scores == nullptr) {
-      for (int c = threadIdx.x; c < kColumns; c += kThreads) {
-        write_out(segment, c, normalised_column(c));
-      }
-      return;
-    }
+    const bool direct = count == 1 && p.scores == nullptr;
     for (int c = threadIdx.x; c < kColumns; c += kThreads) {
-      const float4 v = normalised_column(c);
-      reinterpret_cast<uint2*>(p.partial_o + static_cast<int64_t>(piece) * G * D)[c] =
-          make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
+      const int head = c * 4 / D;
+      const int d = c * 4 - head * D;
+      float2 ml[kDecodeWarps];
+      float cta_max = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < kDecodeWarps; ++w) {
+        ml[w] =
+            reinterpret_cast<const float2*>(warp_state(done_stage, w) + Cfg::kTileElems / 2)[head];
+        cta_max = fmaxf(cta_max, ml[w].x);
+      }
+      float l = 0.0f;
+      float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+      for (int w = 0; w < kDecodeWarps; ++w) {
+        // A warp that saw no slot of the piece (maximum -inf) adds nothing.
+        const float scale = ml[w].x == -INFINITY ? 0.0f : exp2f(ml[w].x - cta_max);
+        const float4 v =
+            *reinterpret_cast<const float4*>(warp_state(done_stage, w) + state_column(head, d));
+        l += ml[w].y * scale;
+        acc.x += v.x * scale;
+        acc.y += v.y * scale;
+        acc.z += v.z * scale;
+        acc.w += v.w * scale;
+      }
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      const float4 value = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+      if (direct) {
+        write_out(segment, c, value);
+      } else {
+        reinterpret_cast<uint2*>(p.partial_o + static_cast<int64_t>(piece) * G * D)[c] =
+            make_uint2(pack_bf16(value.x, value.y), pack_bf16(value.z, value.w));
+        if (d == 0) p.partial_ml[piece * G + head] = make_float2(cta_max, l);
+      }
     }
-    if (threadIdx.x < G) p.partial_ml[piece * G + threadIdx.x] = merged_ml[threadIdx.x];
-    if (p.scores != nullptr) return;  // the reduction kernel merges
+    // The stage is refilled at the next tile; every warp has read the others' rows by then.
+    __syncthreads();
+    if (direct || p.scores != nullptr) return;  // written out, or the reduction kernel merges
 
     // The last CTA to finish a piece of the segment merges them all; it then resets the counter
     // for the next run. One thread's acquire-release count orders the whole CTA's partials before
     // it and the other CTAs' partials before the merge (128 fences in its place cost 0.3 us at
     // B = 1, L = 16k).
-    __syncthreads();
     const bool last = threadIdx.x == 0 && count_in(p.segment_counters + segment) == count - 1;
     if (!__syncthreads_or(last)) return;
     // Other CTAs wrote the partials during this launch: read them from L2, never from L1. A
@@ -446,10 +454,13 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
       }
     }
 
+    // Taken before the increment: derived after it, ptxas 13.0 miscompiled the K/V copies
+    // (tools/check_ldgsts_registers.py).
+    const int done_stage = stage;
     stage = (stage + 1) % Cfg::kStages;
     tile_start += kDecodeTileTokens;
     if (tile_start >= info.z) {
-      end_piece();
+      end_piece(done_stage);
       if (++piece < piece_end) {
         info = next_info;
         tile_start = info.y;
