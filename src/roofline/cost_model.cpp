@@ -221,13 +221,12 @@ class StepBuilder {
         break;
     }
     op.peak_format = ceilings_.effective_format(format);
-    const bool prefill = w_.phase == Phase::kPrefill;
     op.latency_s = hw_.latency(op.kind, datasheet_only_);
     if (op.kind == OperatorKind::kRoutedExperts && !experts_grouped_) {
-      expert_gemms(op, ceilings_.peak(format), prefill);
+      expert_gemms(op, ceilings_.peak(format));
       return;
     }
-    op.efficiency = hw_.efficiency(op.kind, prefill, datasheet_only_);
+    op.efficiency = hw_.efficiency(op.kind, w_.phase, datasheet_only_);
     op.compute_time_s = op.flops / (ceilings_.peak(format) * op.efficiency);
     op.memory_time_s = (op.read_bytes() / ceilings_.read_bandwidth +
                         op.write_bytes() / ceilings_.write_bandwidth) /
@@ -240,9 +239,9 @@ class StepBuilder {
   // the GEMMs, at the GEMMs' efficiency, read the weights; the gathers of the assignments' rows,
   // the SwiGLU and the gated sums are passes of their own over the activations, at the
   // elementwise operators' efficiency, after them.
-  void expert_gemms(OperatorCost& op, double peak, bool prefill) const {
-    op.efficiency = hw_.efficiency_as(OperatorClass::kGemm, prefill, datasheet_only_);
-    const double passes = hw_.efficiency_as(OperatorClass::kElementwise, prefill, datasheet_only_);
+  void expert_gemms(OperatorCost& op, double peak) const {
+    op.efficiency = hw_.efficiency_as(OperatorClass::kGemm, w_.phase, datasheet_only_);
+    const double passes = hw_.efficiency_as(OperatorClass::kElementwise, w_.phase, datasheet_only_);
     op.compute_time_s = op.flops / (peak * op.efficiency);
     const double weights_s = op.weight_bytes / ceilings_.read_bandwidth / op.efficiency;
     const double passes_s = ((op.read_bytes() - op.weight_bytes) / ceilings_.read_bandwidth +
@@ -291,16 +290,6 @@ void check_workload(const ModelSpec& spec, const Workload& w) {
 }
 
 }  // namespace
-
-std::string_view phase_name(Phase phase) {
-  return phase == Phase::kDecode ? "decode" : "prefill";
-}
-
-Phase parse_phase(std::string_view name, std::string_view what) {
-  if (name == "decode") return Phase::kDecode;
-  if (name == "prefill") return Phase::kPrefill;
-  fail(ErrorKind::kInvalidArgument, "{}: '{}' is not a phase (decode, prefill)", what, name);
-}
 
 std::string_view bound_name(Bound bound) {
   switch (bound) {

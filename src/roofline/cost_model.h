@@ -16,10 +16,6 @@
 
 namespace ekva {
 
-enum class Phase { kDecode, kPrefill };
-std::string_view phase_name(Phase phase);
-Phase parse_phase(std::string_view name, std::string_view what);
-
 // Retained KV tokens of one sequence, per (layer, KV head), row-major [layer][kv_head].
 struct KvRetention {
   std::vector<double> tokens;

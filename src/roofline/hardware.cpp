@@ -177,16 +177,17 @@ double lookup(const std::map<std::string, double>& table, OperatorKind op, doubl
 
 }  // namespace
 
-double HardwareSpec::efficiency(OperatorKind op, bool prefill, bool datasheet_only) const {
+double HardwareSpec::efficiency(OperatorKind op, Phase phase, bool datasheet_only) const {
   if (datasheet_only || !measured) return 1.0;
   const double general = lookup(measured->operator_efficiency, op, 1.0);
-  return prefill ? lookup(measured->prefill_efficiency, op, general) : general;
+  return phase == Phase::kPrefill ? lookup(measured->prefill_efficiency, op, general) : general;
 }
 
-double HardwareSpec::efficiency_as(OperatorClass runs_as, bool prefill, bool datasheet_only) const {
+double HardwareSpec::efficiency_as(OperatorClass runs_as, Phase phase, bool datasheet_only) const {
   if (datasheet_only || !measured) return 1.0;
   const std::string_view key = operator_class_name(runs_as);
-  if (const double* v = prefill ? find_entry(measured->prefill_efficiency, key) : nullptr) {
+  if (const double* v =
+          phase == Phase::kPrefill ? find_entry(measured->prefill_efficiency, key) : nullptr) {
     return *v;
   }
   const double* v = find_entry(measured->operator_efficiency, key);

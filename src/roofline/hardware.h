@@ -61,10 +61,10 @@ struct HardwareSpec {
   Ceilings ceilings(bool datasheet_only) const;
   // The measured efficiency of an operator (by name, else by class; in a prefill step the prefill
   // table's first), 1 when none was recorded or `datasheet_only`.
-  double efficiency(OperatorKind op, bool prefill, bool datasheet_only) const;
+  double efficiency(OperatorKind op, Phase phase, bool datasheet_only) const;
   // The same for an operator that runs as kernels of class `runs_as` (routed experts as one GEMM
   // per expert): that class's entries alone.
-  double efficiency_as(OperatorClass runs_as, bool prefill, bool datasheet_only) const;
+  double efficiency_as(OperatorClass runs_as, Phase phase, bool datasheet_only) const;
   // The measured fixed cost of one call of an operator, 0 when none was recorded or
   // `datasheet_only`.
   double latency(OperatorKind op, bool datasheet_only) const;

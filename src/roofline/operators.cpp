@@ -1,5 +1,7 @@
 #include "roofline/operators.h"
 
+#include "core/error.h"
+
 namespace ekva {
 
 std::string_view operator_name(OperatorKind kind) {
@@ -98,6 +100,16 @@ std::optional<OperatorClass> find_operator_class(std::string_view name) {
     if (operator_class_name(c) == name) return c;
   }
   return std::nullopt;
+}
+
+std::string_view phase_name(Phase phase) {
+  return phase == Phase::kDecode ? "decode" : "prefill";
+}
+
+Phase parse_phase(std::string_view name, std::string_view what) {
+  if (name == "decode") return Phase::kDecode;
+  if (name == "prefill") return Phase::kPrefill;
+  fail(ErrorKind::kInvalidArgument, "{}: '{}' is not a phase (decode, prefill)", what, name);
 }
 
 }  // namespace ekva

@@ -27,6 +27,11 @@ enum class OperatorKind {
 
 enum class OperatorClass { kGemm, kAttention, kElementwise };
 
+// A step that decodes one token per sequence, or one that fills the cache from a prompt.
+enum class Phase { kDecode, kPrefill };
+std::string_view phase_name(Phase phase);
+Phase parse_phase(std::string_view name, std::string_view what);
+
 std::string_view operator_name(OperatorKind kind);
 OperatorClass operator_class(OperatorKind kind);
 std::string_view operator_class_name(OperatorClass cls);

@@ -82,14 +82,14 @@ TEST(Hardware, OperatorEfficiencyByNameThenClass) {
   j["measured"] = json::parse(R"({"method": "test", "operator_efficiency":
                                   {"gemm": 0.8, "routed_experts": 0.5}})");
   const HardwareSpec hw = parse_hardware(j, "t.json");
-  EXPECT_DOUBLE_EQ(hw.efficiency(OperatorKind::kRoutedExperts, false, false), 0.5);
-  EXPECT_DOUBLE_EQ(hw.efficiency(OperatorKind::kQkvProj, false, false), 0.8);
-  EXPECT_DOUBLE_EQ(hw.efficiency(OperatorKind::kAttentionScores, false, false), 1.0);
-  EXPECT_DOUBLE_EQ(hw.efficiency(OperatorKind::kRoutedExperts, false, true), 1.0);
+  EXPECT_DOUBLE_EQ(hw.efficiency(OperatorKind::kRoutedExperts, Phase::kDecode, false), 0.5);
+  EXPECT_DOUBLE_EQ(hw.efficiency(OperatorKind::kQkvProj, Phase::kDecode, false), 0.8);
+  EXPECT_DOUBLE_EQ(hw.efficiency(OperatorKind::kAttentionScores, Phase::kDecode, false), 1.0);
+  EXPECT_DOUBLE_EQ(hw.efficiency(OperatorKind::kRoutedExperts, Phase::kDecode, true), 1.0);
   // Without a prefill table, a prompt's step takes the same figures.
-  EXPECT_DOUBLE_EQ(hw.efficiency(OperatorKind::kRoutedExperts, true, false), 0.5);
-  EXPECT_DOUBLE_EQ(hw.efficiency_as(OperatorClass::kGemm, false, false), 0.8);
-  EXPECT_DOUBLE_EQ(hw.efficiency_as(OperatorClass::kAttention, true, false), 1.0);
+  EXPECT_DOUBLE_EQ(hw.efficiency(OperatorKind::kRoutedExperts, Phase::kPrefill, false), 0.5);
+  EXPECT_DOUBLE_EQ(hw.efficiency_as(OperatorClass::kGemm, Phase::kDecode, false), 0.8);
+  EXPECT_DOUBLE_EQ(hw.efficiency_as(OperatorClass::kAttention, Phase::kPrefill, false), 1.0);
 }
 
 // In a prompt's step the prefill table wins, by name then class, then the general table does;
@@ -100,15 +100,15 @@ TEST(Hardware, PrefillEfficiencyBeforeTheGeneralTable) {
       "operator_efficiency": {"gemm": 0.8, "routed_experts": 0.5, "elementwise": 0.9},
       "prefill_operator_efficiency": {"attention": 0.2, "routed_experts": 0.3, "gemm": 0.7}})");
   const HardwareSpec hw = parse_hardware(j, "t.json");
-  EXPECT_DOUBLE_EQ(hw.efficiency(OperatorKind::kAttentionScores, true, false), 0.2);
-  EXPECT_DOUBLE_EQ(hw.efficiency(OperatorKind::kAttentionScores, false, false), 1.0);
-  EXPECT_DOUBLE_EQ(hw.efficiency(OperatorKind::kRoutedExperts, true, false), 0.3);
-  EXPECT_DOUBLE_EQ(hw.efficiency(OperatorKind::kRoutedExperts, false, false), 0.5);
-  EXPECT_DOUBLE_EQ(hw.efficiency(OperatorKind::kQkvProj, true, false), 0.7);
-  EXPECT_DOUBLE_EQ(hw.efficiency(OperatorKind::kAttnNorm, true, false), 0.9);
-  EXPECT_DOUBLE_EQ(hw.efficiency(OperatorKind::kAttentionScores, true, true), 1.0);
-  EXPECT_DOUBLE_EQ(hw.efficiency_as(OperatorClass::kGemm, true, false), 0.7);
-  EXPECT_DOUBLE_EQ(hw.efficiency_as(OperatorClass::kGemm, false, false), 0.8);
+  EXPECT_DOUBLE_EQ(hw.efficiency(OperatorKind::kAttentionScores, Phase::kPrefill, false), 0.2);
+  EXPECT_DOUBLE_EQ(hw.efficiency(OperatorKind::kAttentionScores, Phase::kDecode, false), 1.0);
+  EXPECT_DOUBLE_EQ(hw.efficiency(OperatorKind::kRoutedExperts, Phase::kPrefill, false), 0.3);
+  EXPECT_DOUBLE_EQ(hw.efficiency(OperatorKind::kRoutedExperts, Phase::kDecode, false), 0.5);
+  EXPECT_DOUBLE_EQ(hw.efficiency(OperatorKind::kQkvProj, Phase::kPrefill, false), 0.7);
+  EXPECT_DOUBLE_EQ(hw.efficiency(OperatorKind::kAttnNorm, Phase::kPrefill, false), 0.9);
+  EXPECT_DOUBLE_EQ(hw.efficiency(OperatorKind::kAttentionScores, Phase::kPrefill, true), 1.0);
+  EXPECT_DOUBLE_EQ(hw.efficiency_as(OperatorClass::kGemm, Phase::kPrefill, false), 0.7);
+  EXPECT_DOUBLE_EQ(hw.efficiency_as(OperatorClass::kGemm, Phase::kDecode, false), 0.8);
   j["measured"]["prefill_operator_efficiency"] = json::parse(R"({"softmax": 0.5})");
   EXPECT_THROW(parse_hardware(j, "t.json"), Error);
 }
