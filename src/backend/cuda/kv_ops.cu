@@ -19,20 +19,61 @@ namespace {
 // launch of its own.
 constexpr int kAppendWarps = 8;
 constexpr int kAppendPairsPerLane = 2;  // head_dim up to 128 (check_layer)
+// What a row looks up in the host-written step inputs: its position, and for a key row its slot's
+// pool row (skip: a slot past the segment's table, which the host never plans); for a query row
+// with bf16 query rows, the row they go to.
+struct AppendTarget {
+  bool skip = false;
+  int position = 0;
+  int segment = 0;
+  int slot = 0;
+  int64_t pool_index = 0;
+  int64_t query_row = 0;
+};
+
+__device__ AppendTarget append_target(const AppendLaunch& p, bool is_key, int64_t row_head,
+                                      int token) {
+  AppendTarget t;
+  t.position = p.positions[token];
+  if (is_key) {
+    t.segment = p.sequences[token] * p.num_kv_heads + static_cast<int>(row_head % p.num_kv_heads);
+    t.slot = p.slots[row_head];
+    const int32_t* table = p.page_ids + p.page_offsets[t.segment];
+    const int table_pages = p.page_offsets[t.segment + 1] - p.page_offsets[t.segment];
+    t.skip = t.slot < 0 || t.slot / p.page_size >= table_pages;
+    if (!t.skip) t.pool_index = pool_row(table, t.slot, p.page_size);
+  } else if (p.query_rows_bf16 != nullptr) {
+    t.query_row = static_cast<int64_t>(p.query_rows[token]) * p.num_q_heads +
+                  (row_head - static_cast<int64_t>(token) * p.num_q_heads);
+  }
+  return t;
+}
+
 __global__ void __launch_bounds__(kAppendWarps * 32) append_kv_kernel(const AppendLaunch p) {
-  follow_prior_grid();
   const int d = p.head_dim, half = d / 2, lane = threadIdx.x % 32;
   const int64_t kv_rows = static_cast<int64_t>(p.count) * p.num_kv_heads;
   const int64_t rows = kv_rows + static_cast<int64_t>(p.count) * p.num_q_heads;
-  for (int64_t r = blockIdx.x * static_cast<int64_t>(kAppendWarps) + threadIdx.x / 32; r < rows;
-       r += static_cast<int64_t>(gridDim.x) * kAppendWarps) {
+  const auto row_token = [&](int64_t row_head, bool is_key) {
+    return static_cast<int>(row_head / (is_key ? p.num_kv_heads : p.num_q_heads));
+  };
+  const int64_t first_row = blockIdx.x * static_cast<int64_t>(kAppendWarps) + threadIdx.x / 32;
+  // The host writes the positions, slots and block tables before the step's first kernel: the
+  // chain of lookups of the warp's first row (a decode step's only one) runs while the kernel
+  // before finishes.
+  AppendTarget first;
+  if (first_row < rows) {
+    const bool is_key = first_row < kv_rows;
+    const int64_t row_head = is_key ? first_row : first_row - kv_rows;
+    first = append_target(p, is_key, row_head, row_token(row_head, is_key));
+  }
+  follow_prior_grid();
+  for (int64_t r = first_row; r < rows; r += static_cast<int64_t>(gridDim.x) * kAppendWarps) {
     const bool is_key = r < kv_rows;
     const int64_t row_head = is_key ? r : r - kv_rows;
-    const int heads = is_key ? p.num_kv_heads : p.num_q_heads;
-    const int token = static_cast<int>(row_head / heads);
+    const int token = row_token(row_head, is_key);
     float* query = is_key ? nullptr : p.queries + row_head * d;
     const float* x = is_key ? p.keys + row_head * d : query;
-    // The row's loads are issued before its slot is looked up and before anything is stored (the
+    // The row's loads are issued before a later row's lookups and before anything is stored (the
     // queries are rotated in place).
     float a[kAppendPairsPerLane] = {}, b[kAppendPairsPerLane] = {}, va[kAppendPairsPerLane] = {},
           vb[kAppendPairsPerLane] = {}, freq[kAppendPairsPerLane] = {};
@@ -48,18 +89,11 @@ __global__ void __launch_bounds__(kAppendWarps * 32) append_kv_kernel(const Appe
         vb[k] = p.values[row_head * d + pair + half];
       }
     }
-    uint16_t* key = nullptr;
-    int64_t pool_index = 0;
-    int segment = 0, slot = 0;
-    if (is_key) {
-      segment = p.sequences[token] * p.num_kv_heads + static_cast<int>(row_head % p.num_kv_heads);
-      slot = p.slots[row_head];
-      const int32_t* table = p.page_ids + p.page_offsets[segment];
-      const int table_pages = p.page_offsets[segment + 1] - p.page_offsets[segment];
-      if (slot < 0 || slot / p.page_size >= table_pages) continue;  // uniform over the warp
-      pool_index = pool_row(table, slot, p.page_size);
-      key = p.pool + key_offset(pool_index, p.page_size, d);
-    }
+    const AppendTarget target = r == first_row ? first : append_target(p, is_key, row_head, token);
+    if (target.skip) continue;  // uniform over the warp
+    const int64_t pool_index = target.pool_index;
+    const int segment = target.segment, slot = target.slot;
+    uint16_t* key = is_key ? p.pool + key_offset(pool_index, p.page_size, d) : nullptr;
     const float* norm = is_key ? p.k_norm : p.q_norm;
     float inv = 1.0f;
     if (norm != nullptr) {
@@ -71,7 +105,7 @@ __global__ void __launch_bounds__(kAppendWarps * 32) append_kv_kernel(const Appe
       for (int offset = 16; offset > 0; offset /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, offset);
       inv = static_cast<float>(1.0 / sqrt(ss / d + static_cast<double>(p.norm_eps)));
     }
-    const int position = p.positions[token];
+    const int position = target.position;
 #pragma unroll
     for (int k = 0; k < kAppendPairsPerLane; ++k) {
       const int pair = lane + 32 * k;
@@ -93,10 +127,7 @@ __global__ void __launch_bounds__(kAppendWarps * 32) append_kv_kernel(const Appe
       query[pair] = rotated.x;
       query[pair + half] = rotated.y;
       if (p.query_rows_bf16 != nullptr) {
-        uint16_t* out =
-            p.query_rows_bf16 + (static_cast<int64_t>(p.query_rows[token]) * p.num_q_heads +
-                                 (row_head - static_cast<int64_t>(token) * p.num_q_heads)) *
-                                    d;
+        uint16_t* out = p.query_rows_bf16 + target.query_row * d;
         out[pair] = to_bf16_bits(rotated.x);
         out[pair + half] = to_bf16_bits(rotated.y);
       }
