@@ -47,14 +47,18 @@ StepPlan plan_step(const ModelSpec& spec, const ForwardBatch& batch, KvLayout& l
   const int H = spec.num_kv_heads;
   layout.append_step(batch.seq, batch.pos, p.slots);
   p.lengths.assign(static_cast<size_t>(spec.num_layers) * p.num_sequences * H, 0);
-  // A touched table's length is one past the last slot the step gave it (read from the slots, not
-  // from the tables: at serving batch sizes each table is another place in memory).
+  // A touched table's length is one past the slot of its sequence's last token in the step, the
+  // highest it was given (read from the slots, not from the tables: at serving batch sizes each
+  // table is another place in memory).
+  std::vector<int32_t> last_token(p.num_sequences, -1);
+  for (int t = 0; t < n; ++t) last_token[batch.seq[t]] = t;
   for (int l = 0; l < spec.num_layers; ++l) {
-    for (int t = 0; t < n; ++t) {
+    for (int s = 0; s < p.num_sequences; ++s) {
+      const int t = last_token[s];
+      if (t < 0) continue;
       for (int h = 0; h < H; ++h) {
-        int32_t& length =
-            p.lengths[(static_cast<size_t>(l) * p.num_sequences + batch.seq[t]) * H + h];
-        length = std::max(length, p.slots[(static_cast<size_t>(l) * n + t) * H + h] + 1);
+        p.lengths[(static_cast<size_t>(l) * p.num_sequences + s) * H + h] =
+            p.slots[(static_cast<size_t>(l) * n + t) * H + h] + 1;
       }
     }
   }

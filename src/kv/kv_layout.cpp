@@ -68,26 +68,44 @@ int KvLayout::append(int seq, int layer, int kv_head, TokenMeta meta) {
 void KvLayout::append_step(const std::vector<int32_t>& seq, const std::vector<int32_t>& pos,
                            std::vector<int32_t>& slots) {
   const int n = static_cast<int>(seq.size()), L = num_layers_, H = num_kv_heads_;
+  const int64_t P = page_size();
   slots.resize(static_cast<size_t>(L) * n * H);
-  // The pages, in append's order; a token's slot counts the step's earlier tokens of its sequence.
-  // When the capacity runs out, the pages taken so far go back: the step leaves no trace.
-  std::vector<int32_t> earlier(num_sequences_, 0);
+  // A token's slot in every one of its tables counts the step's earlier tokens of its sequence;
+  // the step's tokens of each sequence, in order, are what its tables' metadata gains
+  // (by_sequence: the tokens grouped by sequence, the groups in order of first appearance).
+  std::vector<int32_t> rank(n), count(num_sequences_, 0), first(num_sequences_, 0);
+  std::vector<int32_t> sequences;
+  for (int t = 0; t < n; ++t) {
+    if (count[seq[t]] == 0) sequences.push_back(seq[t]);
+    rank[t] = count[seq[t]]++;
+  }
+  int32_t offset = 0;
+  for (const int32_t s : sequences) {
+    first[s] = offset;
+    offset += count[s];
+  }
+  std::vector<int32_t> by_sequence(n);
+  for (int t = 0; t < n; ++t) by_sequence[first[seq[t]] + rank[t]] = t;
+  // The pages, in append's order. A token's KV heads' tables are adjacent, and a table needs a
+  // page when its slot reaches the slots its pages hold (a comparison in place of a division per
+  // slot, which dominated a prompt's plan). When the capacity runs out, the pages taken so far go
+  // back: the step leaves no trace.
   std::vector<HeadTable*> grown;
   try {
     for (int l = 0; l < L; ++l) {
       for (int t = 0; t < n; ++t) {
+        HeadTable* tables = &table(seq[t], l, 0);
+        int32_t* out = &slots[(static_cast<size_t>(l) * n + t) * H];
         for (int h = 0; h < H; ++h) {
-          HeadTable& table = this->table(seq[t], l, h);
-          const int slot = table.size() + earlier[seq[t]];
-          if (static_cast<size_t>(slot / page_size()) >= table.pages.size()) {
+          HeadTable& table = tables[h];
+          const int slot = table.size() + rank[t];
+          if (slot >= static_cast<int64_t>(table.pages.size()) * P) {
             table.pages.push_back(allocate_page());
             grown.push_back(&table);
           }
-          slots[(static_cast<size_t>(l) * n + t) * H + h] = slot;
+          out[h] = slot;
         }
-        ++earlier[seq[t]];
       }
-      for (int t = 0; t < n; ++t) earlier[seq[t]] = 0;
     }
   } catch (const Error&) {
     for (auto it = grown.rbegin(); it != grown.rend(); ++it) {
@@ -96,15 +114,20 @@ void KvLayout::append_step(const std::vector<int32_t>& seq, const std::vector<in
     }
     throw;
   }
+  // Each table's new metadata in one resize, written in place: appended one by one, every
+  // element's store held up the next one's reload of the vector's end.
   const int units = L * H;
   [[maybe_unused]] const bool parallel = static_cast<int64_t>(n) * units >= kParallelTables;
 #pragma omp parallel for schedule(static) if (parallel)
   for (int u = 0; u < units; ++u) {
     const int l = u / H, h = u % H;
-    for (int t = 0; t < n; ++t) {
-      TokenMeta meta;
-      meta.position = pos[t];
-      table(seq[t], l, h).meta.push_back(meta);
+    for (const int32_t s : sequences) {
+      std::vector<TokenMeta>& meta = table(s, l, h).meta;
+      const size_t base = meta.size();
+      meta.resize(base + count[s]);
+      TokenMeta* added = meta.data() + base;
+      const int32_t* tokens = by_sequence.data() + first[s];
+      for (int i = 0; i < count[s]; ++i) added[i].position = pos[tokens[i]];
     }
   }
 }

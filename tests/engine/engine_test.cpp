@@ -71,6 +71,32 @@ TEST(PlanStep, ReservesEverySlotAndSchedulesEveryLayerOnTheHost) {
   EXPECT_THROW(plan_step(s, bad, layout), Error);
 }
 
+// Tokens of two sequences interleaved: each token's slot counts its own sequence's earlier tokens,
+// each table's length is past its sequence's last token, its metadata in token order.
+TEST(PlanStep, InterleavedSequencesTakeTheirOwnSlots) {
+  const auto model = Model::load(kMixtral);
+  const ModelSpec& s = model->spec();
+  KvLayout layout(s, 2, KvFormat{2, DType::kF32});
+  ForwardBatch batch;
+  const int32_t seqs[] = {0, 1, 0, 1, 0};
+  const int32_t positions[] = {0, 0, 1, 1, 2};
+  for (int t = 0; t < 5; ++t) batch.add(7, seqs[t], positions[t]);
+  const StepPlan p = plan_step(s, batch, layout);
+  for (int l = 0; l < s.num_layers; ++l) {
+    for (int h = 0; h < s.num_kv_heads; ++h) {
+      for (int t = 0; t < 5; ++t) EXPECT_EQ(p.slot(l, t, h), positions[t]) << "token " << t;
+      EXPECT_EQ(p.length(l, 0, h), 3);
+      EXPECT_EQ(p.length(l, 1, h), 2);
+      for (int q = 0; q < 2; ++q) {
+        const HeadTable& table = layout.table(q, l, h);
+        ASSERT_EQ(table.size(), 3 - q);
+        for (int i = 0; i < table.size(); ++i) EXPECT_EQ(table.meta[i].position, i);
+        EXPECT_EQ(table.pages.size(), q == 0 ? 2u : 1u);  // pages of 2 slots
+      }
+    }
+  }
+}
+
 TEST(PlanStep, AFullLayoutIsAnOutOfMemoryError) {
   const auto model = Model::load(kMixtral);
   KvLayout layout(model->spec(), 1, KvFormat{4, DType::kF32}, /*capacity_pages=*/3);
