@@ -18,29 +18,63 @@ namespace {
 
 constexpr int kSortThreads = 1024;
 constexpr int kSortWarps = kSortThreads / 32;
+constexpr int kSortRoundsAhead = 8;  // rounds of a warp's experts loaded before any is placed
 
-// One CTA: a stable counting sort of the pairs by expert. After the experts' counts and their
-// scan, each round places kSortThreads consecutive pairs at once: a pair's slot is its expert's
-// next slot plus the pairs of that expert in the warps before it and in its own warp before it
-// (matched within the warp), so a step of any size takes pairs / kSortThreads rounds. Each
-// expert's pairs are cut into groups of at most group_tokens.
+// One CTA: a stable counting sort of the pairs by expert. Warp w takes the w-th of kSortWarps runs
+// of consecutive pairs. The warps count their runs' pairs per expert; a scan over (expert, warp)
+// gives each warp its first slot for each expert; each warp then places its run 32 pairs a round,
+// a pair's slot being its warp's next slot for its expert plus the pairs of that expert before it
+// in the round (matched within the warp). The rounds need no CTA barrier, and a warp loads
+// kSortRoundsAhead rounds' experts before counting or placing any. Each expert's pairs are cut into
+// groups of at most group_tokens.
 __global__ void __launch_bounds__(kSortThreads)
     sort_pairs_kernel(const int32_t* experts, const float* gates, int n, int k, int num_experts,
                       int group_tokens, MoePairs p) {
   follow_prior_grid();
-  __shared__ int32_t warp_count[kSortWarps][kMaxGroupedExperts];  // this round's pairs per warp
-  __shared__ int32_t next[kMaxGroupedExperts];  // the count, then each expert's next slot
+  // Pairs per (warp, expert), then each warp's next slot for the expert.
+  __shared__ int32_t warp_next[kSortWarps][kMaxGroupedExperts];
+  __shared__ int32_t next[kMaxGroupedExperts];  // the count, then each expert's first slot
   const int pairs = n * k;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int e = threadIdx.x; e < num_experts; e += kSortThreads) next[e] = 0;
+  const int run = (pairs + kSortWarps - 1) / kSortWarps;
+  const int run_begin = min(pairs, warp * run), run_end = min(pairs, run_begin + run);
+  // The experts of the kSortRoundsAhead rounds from `base` (-1 past the run), all loads issued
+  // before any is used.
+  const auto load_rounds = [&](int base, int(&ahead)[kSortRoundsAhead]) {
+#pragma unroll
+    for (int r = 0; r < kSortRoundsAhead; ++r) {
+      const int j = base + r * 32 + lane;
+      ahead[r] = j < run_end ? experts[j] : -1;
+    }
+  };
+  for (int i = threadIdx.x; i < kSortWarps * num_experts; i += kSortThreads) {
+    warp_next[i / num_experts][i % num_experts] = 0;
+  }
   __syncthreads();
-  for (int j = threadIdx.x; j < pairs; j += kSortThreads) atomicAdd(&next[experts[j]], 1);
+  for (int base = run_begin; base < run_end; base += 32 * kSortRoundsAhead) {
+    int ahead[kSortRoundsAhead];
+    load_rounds(base, ahead);
+#pragma unroll
+    for (int r = 0; r < kSortRoundsAhead; ++r) {
+      const int e = ahead[r];
+      const uint32_t same = __match_any_sync(0xffffffffu, e);
+      if (e >= 0 && lane == __ffs(same) - 1) warp_next[warp][e] += __popc(same);
+      __syncwarp();  // the count is in before another lane adds to it
+    }
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < num_experts; e += kSortThreads) {
+    int count = 0;
+    for (int w = 0; w < kSortWarps; ++w) count += warp_next[w][e];
+    next[e] = count;
+  }
   __syncthreads();
   // Exclusive scans of the counts and of the groups over the experts, by the first warp: each
   // lane scans a contiguous run of experts, then the runs' sums are scanned across the warp.
   if (warp == 0) {
-    const int run = (num_experts + 31) / 32;
-    const int begin = min(num_experts, lane * run), end = min(num_experts, begin + run);
+    const int run_experts = (num_experts + 31) / 32;
+    const int begin = min(num_experts, lane * run_experts);
+    const int end = min(num_experts, begin + run_experts);
     const auto groups_of = [&](int count) { return (count + group_tokens - 1) / group_tokens; };
     int count = 0, groups = 0;
     for (int e = begin; e < end; ++e) {
@@ -72,30 +106,37 @@ __global__ void __launch_bounds__(kSortThreads)
       *p.num_groups = groups_before;
     }
   }
-  for (int base = 0; base < pairs; base += kSortThreads) {
-    const int j = base + static_cast<int>(threadIdx.x);
-    const int e = j < pairs ? experts[j] : -1;
-    const uint32_t same = __match_any_sync(0xffffffffu, e);
-    for (int x = lane; x < num_experts; x += 32) warp_count[warp][x] = 0;
-    __syncwarp();
-    if (e >= 0 && lane == __ffs(same) - 1) warp_count[warp][e] = __popc(same);
-    __syncthreads();  // also orders the scan's slots before the first round reads them
-    if (e >= 0) {
-      int slot = next[e] + __popc(same & ((1u << lane) - 1));
-      for (int w = 0; w < warp; ++w) slot += warp_count[w][e];
-      const int t = j / k;
-      int order = 0;  // the token's experts below e
-      for (int i = t * k; i < (t + 1) * k; ++i) order += experts[i] < e;
-      p.token[slot] = t;
-      p.gate[slot] = gates[j];
-      p.expert[slot] = e;
-      p.token_pairs[t * k + order] = slot;
+  __syncthreads();
+  for (int e = threadIdx.x; e < num_experts; e += kSortThreads) {
+    int slot = next[e];
+    for (int w = 0; w < kSortWarps; ++w) {
+      const int count = warp_next[w][e];
+      warp_next[w][e] = slot;
+      slot += count;
     }
-    __syncthreads();
-    for (int x = threadIdx.x; x < num_experts; x += kSortThreads) {
-      for (int w = 0; w < kSortWarps; ++w) next[x] += warp_count[w][x];
+  }
+  __syncthreads();
+  for (int base = run_begin; base < run_end; base += 32 * kSortRoundsAhead) {
+    int ahead[kSortRoundsAhead];
+    load_rounds(base, ahead);
+#pragma unroll
+    for (int r = 0; r < kSortRoundsAhead; ++r) {
+      const int j = base + r * 32 + lane, e = ahead[r];
+      const uint32_t same = __match_any_sync(0xffffffffu, e);
+      if (e >= 0) {
+        const int slot = warp_next[warp][e] + __popc(same & ((1u << lane) - 1));
+        const int t = j / k;
+        int order = 0;  // the token's experts below e
+        for (int i = t * k; i < (t + 1) * k; ++i) order += experts[i] < e;
+        p.token[slot] = t;
+        p.gate[slot] = gates[j];
+        p.expert[slot] = e;
+        p.token_pairs[t * k + order] = slot;
+      }
+      __syncwarp();  // every lane has its slot before the expert's next one moves
+      if (e >= 0 && lane == __ffs(same) - 1) warp_next[warp][e] += __popc(same);
+      __syncwarp();
     }
-    __syncthreads();
   }
 }
 

@@ -54,12 +54,15 @@ void expect_sorted_like_reference(const std::vector<int32_t>& experts,
       group_first.push_back(slot);
     }
   }
+  std::vector<std::vector<int>> token_slots(c.tokens);
+  for (int slot = 0; slot < pairs; ++slot) {
+    token_slots[order[slot] / c.top_k].push_back(slot);  // ascending expert already
+  }
   for (int t = 0; t < c.tokens; ++t) {
-    std::vector<int> slots;
-    for (int slot = 0; slot < pairs; ++slot)
-      if (order[slot] / c.top_k == t) slots.push_back(slot);  // ascending expert already
-    for (int i = 0; i < c.top_k; ++i)
-      ASSERT_EQ(ints[2 * pairs + t * c.top_k + i], slots[i]) << "token " << t << " pair " << i;
+    for (int i = 0; i < c.top_k; ++i) {
+      ASSERT_EQ(ints[2 * pairs + t * c.top_k + i], token_slots[t][i])
+          << "token " << t << " pair " << i;
+    }
   }
   const int num_groups = static_cast<int>(group_expert.size());
   ASSERT_EQ(ints[5 * pairs + 1], num_groups);
@@ -70,13 +73,13 @@ void expect_sorted_like_reference(const std::vector<int32_t>& experts,
   EXPECT_EQ(ints[4 * pairs + num_groups], pairs);
 }
 
-void run_case(const Case& c, uint32_t seed) {
-  std::mt19937 rng(seed);
+// Each token's top_k distinct experts, drawn from a window of a few at a random place so that
+// experts share tokens and some are not touched. Distinct gates show where each pair went.
+void random_routing(const Case& c, std::mt19937& rng, std::vector<int32_t>& experts,
+                    std::vector<float>& gates) {
   const int pairs = c.tokens * c.top_k;
-  // Each token's top_k distinct experts, drawn from a window of a few at a random place so that
-  // experts share tokens and some are not touched. Distinct gates show where each pair went.
-  std::vector<int32_t> experts(pairs);
-  std::vector<float> gates(pairs);
+  experts.resize(pairs);
+  gates.resize(pairs);
   for (int j = 0; j < pairs; ++j) gates[j] = 1.0f / static_cast<float>(j + 2);
   const int window = std::min(c.num_experts, 2 * c.top_k + 1);
   std::vector<int32_t> ids(window);
@@ -86,6 +89,14 @@ void run_case(const Case& c, uint32_t seed) {
     std::shuffle(ids.begin(), ids.end(), rng);
     std::copy_n(ids.begin(), c.top_k, experts.begin() + static_cast<size_t>(t) * c.top_k);
   }
+}
+
+void run_case(const Case& c, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const int pairs = c.tokens * c.top_k;
+  std::vector<int32_t> experts;
+  std::vector<float> gates;
+  random_routing(c, rng, experts, gates);
   std::vector<std::vector<uint16_t>> weights;
   std::vector<DeviceBuffer<uint16_t>> weights_device;
   std::vector<const uint16_t*> pointers;
@@ -256,11 +267,35 @@ TEST_F(GroupedGemmTest, MostExpertsFullBatchTopEight) {
 }
 
 // More tokens than a group holds: experts of several groups, the last one partial, and 1200 pairs
-// (the sort's rounds are 1024 pairs).
+// (runs of 38 pairs per warp of the sort: a partial round each).
 TEST_F(GroupedGemmTest, StepsOfManyGroups) {
   run_case({8, 2, 300, 40, 136}, 10);
   run_case({128, 8, 150, 24, 64}, 11);
   run_case({4, 1, kMaxGroupedTokens * 3 + 1, 33, 72}, 12);
+}
+
+// The pairs of prompts sorted alone (their products take too long here in double): fine-grained
+// experts with runs of 1024 pairs per warp of the sort, a coarse model's wide groups, and a run
+// that ends inside a round.
+TEST_F(GroupedGemmTest, SortOfPromptSizedSteps) {
+  for (const Case& c :
+       {Case{128, 8, 4096, 0, 0}, Case{64, 8, 4000, 0, 0}, Case{8, 2, 4093, 0, 0}}) {
+    SCOPED_TRACE(::testing::Message()
+                 << c.tokens << " tokens, top-" << c.top_k << " of " << c.num_experts);
+    std::mt19937 rng(static_cast<uint32_t>(c.tokens));
+    std::vector<int32_t> experts;
+    std::vector<float> gates;
+    random_routing(c, rng, experts, gates);
+    const int pairs = c.tokens * c.top_k;
+    DeviceBuffer<int32_t> experts_device{std::span<const int32_t>(experts)};
+    DeviceBuffer<float> gates_device{std::span<const float>(gates)};
+    DeviceBuffer<int32_t> ints(moe_pair_ints(pairs));
+    DeviceBuffer<float> pair_gates(pairs);
+    const MoePairs p = moe_pairs(ints.data(), pair_gates.data(), pairs);
+    sort_pairs(experts_device.data(), gates_device.data(), c.tokens, c.top_k, c.num_experts, p,
+               nullptr);
+    expect_sorted_like_reference(experts, gates, c, ints.download(), pair_gates.download());
+  }
 }
 
 // Steps whose experts average a group of kMaxGroupedTokens or more take groups of
