@@ -20,11 +20,10 @@
 namespace ekva::cuda {
 namespace {
 
-// Query rows per warp, in 16-row fragments: 32 rows read each K and V fragment from shared memory
-// for two fragments, but their registers leave a quarter of the warps, which the issue-bound
-// loop needs more (docs/BENCHMARKS.md, session 16).
+// Query rows per warp: one 16-row fragment. Two (each K and V fragment read from shared memory
+// once for both) take registers that leave a quarter of the warps, which the issue-bound loop
+// needs more (docs/BENCHMARKS.md, session 16).
 constexpr int kWarpRows = 16;
-constexpr int kHalves = kWarpRows / 16;
 constexpr int kThreads = 32 * kPrefillTileTokens / kWarpRows;
 constexpr int kSlots = 64;  // per step of the slot loop
 
@@ -129,15 +128,15 @@ __global__ void __launch_bounds__(kThreads, 2)
   __syncthreads();
   const int steps = (last_visible_slot + kSlots) / kSlots;
 
-  // This thread's rows: warp * kWarpRows + half * 16 + lane / 4 + 8 * r for r in {0, 1}, held as
-  // row i = 2 * half + r.
+  // This thread's rows: warp * kWarpRows + lane / 4 + 8 * i for i in {0, 1}, the fragments'
+  // elements 2 * i and 2 * i + 1.
   const int row_base = warp * kWarpRows + lane / 4;
-  constexpr int kRows = 2 * kHalves;  // this thread's query rows
+  constexpr int kRows = 2;  // this thread's query rows
   int pos[kRows];
 #pragma unroll
   for (int i = 0; i < kRows; ++i) pos[i] = query_pos[row_base + 8 * i];
 
-  float o[kHalves][D / 8][4] = {};
+  float o[D / 8][4] = {};
   float m[kRows];
   float l[kRows] = {};
 #pragma unroll
@@ -156,28 +155,21 @@ __global__ void __launch_bounds__(kThreads, 2)
     if (visible) {
       const uint16_t* k_tile = k_tiles + stage * kSlots * D;
       const uint16_t* v_tile = v_tiles + stage * kSlots * D;
-      float s[kHalves][kSlots / 8][4] = {};
+      float s[kSlots / 8][4] = {};
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks) {
         // The warp's query rows as A fragments, read again at every step: held in registers
         // through the loop they would not leave room for the accumulators.
-        uint32_t qf[kHalves][4];
-#pragma unroll
-        for (int half = 0; half < kHalves; ++half) {
-          ldmatrix_x4(qf[half],
-                      shared_address(q_tile + swizzled<D>(warp * kWarpRows + half * 16 + lane % 16,
-                                                          ks * 2 + lane / 16)));
-        }
+        uint32_t qf[4];
+        ldmatrix_x4(qf, shared_address(q_tile + swizzled<D>(warp * kWarpRows + lane % 16,
+                                                            ks * 2 + lane / 16)));
 #pragma unroll
         for (int np = 0; np < kSlots / 16; ++np) {
           uint32_t b[4];
           ldmatrix_x4(b, shared_address(k_tile + swizzled<D>(np * 16 + lane % 8 + (lane / 16) * 8,
                                                              ks * 2 + (lane / 8) % 2)));
-#pragma unroll
-          for (int half = 0; half < kHalves; ++half) {
-            mma_bf16_16816(s[half][2 * np], qf[half], b[0], b[1]);
-            mma_bf16_16816(s[half][2 * np + 1], qf[half], b[2], b[3]);
-          }
+          mma_bf16_16816(s[2 * np], qf, b[0], b[1]);
+          mma_bf16_16816(s[2 * np + 1], qf, b[2], b[3]);
         }
       }
       // Scores stay unscaled until their exponent (scale_log2 > 0 keeps their order); a step
@@ -190,7 +182,7 @@ __global__ void __launch_bounds__(kThreads, 2)
             const int p = slot_pos[stage][nt * 8 + (lane % 4) * 2 + e];
 #pragma unroll
             for (int i = 0; i < kRows; ++i) {
-              if (p > pos[i]) s[i / 2][nt][(i % 2) * 2 + e] = -INFINITY;
+              if (p > pos[i]) s[nt][i * 2 + e] = -INFINITY;
             }
           }
         }
@@ -203,8 +195,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         float tile_max = -INFINITY;
 #pragma unroll
         for (int nt = 0; nt < kSlots / 8; ++nt) {
-          tile_max =
-              fmaxf(tile_max, fmaxf(s[i / 2][nt][(i % 2) * 2], s[i / 2][nt][(i % 2) * 2 + 1]));
+          tile_max = fmaxf(tile_max, fmaxf(s[nt][i * 2], s[nt][i * 2 + 1]));
         }
 #pragma unroll
         for (int offset = 1; offset < 4; offset *= 2) {
@@ -224,44 +215,33 @@ __global__ void __launch_bounds__(kThreads, 2)
         for (int i = 0; i < kRows; ++i) {
 #pragma unroll
           for (int dt = 0; dt < D / 8; ++dt) {
-            o[i / 2][dt][(i % 2) * 2] *= correction[i];
-            o[i / 2][dt][(i % 2) * 2 + 1] *= correction[i];
+            o[dt][i * 2] *= correction[i];
+            o[dt][i * 2 + 1] *= correction[i];
           }
         }
       }
 #pragma unroll
-      for (int half = 0; half < kHalves; ++half) {
+      for (int nt = 0; nt < kSlots / 8; ++nt) {
 #pragma unroll
-        for (int nt = 0; nt < kSlots / 8; ++nt) {
-#pragma unroll
-          for (int c = 0; c < 4; ++c) {
-            const int i = 2 * half + c / 2;
-            s[half][nt][c] = exp2f(fmaf(s[half][nt][c], scale_log2, -base[i]));
-            l[i] += s[half][nt][c];
-          }
+        for (int c = 0; c < 4; ++c) {
+          s[nt][c] = exp2f(fmaf(s[nt][c], scale_log2, -base[c / 2]));
+          l[c / 2] += s[nt][c];
         }
       }
 #pragma unroll
       for (int kk = 0; kk < kSlots / 16; ++kk) {
-        uint32_t p[kHalves][4];
-#pragma unroll
-        for (int half = 0; half < kHalves; ++half) {
-          p[half][0] = pack_bf16(s[half][2 * kk][0], s[half][2 * kk][1]);
-          p[half][1] = pack_bf16(s[half][2 * kk][2], s[half][2 * kk][3]);
-          p[half][2] = pack_bf16(s[half][2 * kk + 1][0], s[half][2 * kk + 1][1]);
-          p[half][3] = pack_bf16(s[half][2 * kk + 1][2], s[half][2 * kk + 1][3]);
-        }
+        const uint32_t p[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]),
+                               pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                               pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                               pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
         for (int dp = 0; dp < D / 16; ++dp) {
           uint32_t b[4];
           ldmatrix_x4_trans(
               b, shared_address(v_tile + swizzled<D>(kk * 16 + lane % 8 + ((lane / 8) % 2) * 8,
                                                      dp * 2 + lane / 16)));
-#pragma unroll
-          for (int half = 0; half < kHalves; ++half) {
-            mma_bf16_16816(o[half][2 * dp], p[half], b[0], b[1]);
-            mma_bf16_16816(o[half][2 * dp + 1], p[half], b[2], b[3]);
-          }
+          mma_bf16_16816(o[2 * dp], p, b[0], b[1]);
+          mma_bf16_16816(o[2 * dp + 1], p, b[2], b[3]);
         }
       }
     }
@@ -282,7 +262,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
     for (int dt = 0; dt < D / 8; ++dt) {
       *reinterpret_cast<uint32_t*>(out + dt * 8 + (lane % 4) * 2) =
-          pack_bf16(o[i / 2][dt][(i % 2) * 2] * inv, o[i / 2][dt][(i % 2) * 2 + 1] * inv);
+          pack_bf16(o[dt][i * 2] * inv, o[dt][i * 2 + 1] * inv);
     }
   }
 }
