@@ -86,50 +86,74 @@ void KvLayout::append_step(const std::vector<int32_t>& seq, const std::vector<in
   }
   std::vector<int32_t> by_sequence(n);
   for (int t = 0; t < n; ++t) by_sequence[first[seq[t]] + rank[t]] = t;
-  // The pages, in append's order. A token's KV heads' tables are adjacent, and a table needs a
-  // page when its slot reaches the slots its pages hold (a comparison in place of a division per
-  // slot, which dominated a prompt's plan). When the capacity runs out, the pages taken so far go
-  // back: the step leaves no trace.
-  std::vector<HeadTable*> grown;
-  try {
-    for (int l = 0; l < L; ++l) {
-      for (int t = 0; t < n; ++t) {
-        HeadTable* tables = &table(seq[t], l, 0);
-        int32_t* out = &slots[(static_cast<size_t>(l) * n + t) * H];
-        for (int h = 0; h < H; ++h) {
-          HeadTable& table = tables[h];
-          const int slot = table.size() + rank[t];
-          if (slot >= static_cast<int64_t>(table.pages.size()) * P) {
-            table.pages.push_back(allocate_page());
-            grown.push_back(&table);
-          }
-          out[h] = slot;
-        }
+  // The pages each layer's tables take: a table takes one each time a slot of its sequence's tokens
+  // reaches what its pages hold. They are counted first so that a step the capacity cannot serve
+  // fails before it changes anything, and so that each layer knows where its pages start in
+  // append's order (layer by layer, token by token, head by head) and takes them on its own thread.
+  std::vector<int64_t> layer_first(static_cast<size_t>(L) + 1, 0);
+  for (int l = 0; l < L; ++l) {
+    int64_t taken = 0;
+    for (const int32_t s : sequences) {
+      for (int h = 0; h < H; ++h) {
+        const HeadTable& t = table(s, l, h);
+        const int64_t needed = (t.size() + count[s] + P - 1) / P;
+        taken += std::max<int64_t>(0, needed - static_cast<int64_t>(t.pages.size()));
       }
     }
-  } catch (const Error&) {
-    for (auto it = grown.rbegin(); it != grown.rend(); ++it) {
-      release_page((*it)->pages.back());
-      (*it)->pages.pop_back();
-    }
-    throw;
+    layer_first[l + 1] = layer_first[l] + taken;
   }
-  // Each table's new metadata in one resize, written in place: appended one by one, every
-  // element's store held up the next one's reload of the vector's end.
-  const int units = L * H;
-  [[maybe_unused]] const bool parallel = static_cast<int64_t>(n) * units >= kParallelTables;
+  const int64_t taken = layer_first[L];
+  const int64_t from_free = std::min<int64_t>(taken, static_cast<int64_t>(free_.size()));
+  if (taken - from_free > capacity_pages_ - high_water_) {
+    fail(ErrorKind::kOutOfMemory,
+         "KV cache full: a step needs {} pages of {} bytes and {} of the {} are free", taken,
+         page_bytes(), static_cast<int64_t>(free_.size()) + capacity_pages_ - high_water_,
+         capacity_pages_);
+  }
+  // The i-th page a step takes is the one the i-th allocate_page would return.
+  const auto page_taken = [&](int64_t i) {
+    return i < from_free ? free_[free_.size() - 1 - i]
+                         : static_cast<int32_t>(high_water_ + (i - from_free));
+  };
+  // Each layer's slots and pages, then its tables' new metadata in one resize each, written in
+  // place (appended one by one, every element's store held up the next one's reload of the
+  // vector's end).
+  [[maybe_unused]] const bool parallel = static_cast<int64_t>(n) * L * H >= kParallelTables;
 #pragma omp parallel for schedule(static) if (parallel)
-  for (int u = 0; u < units; ++u) {
-    const int l = u / H, h = u % H;
-    for (const int32_t s : sequences) {
-      std::vector<TokenMeta>& meta = table(s, l, h).meta;
-      const size_t base = meta.size();
-      meta.resize(base + count[s]);
-      TokenMeta* added = meta.data() + base;
-      const int32_t* tokens = by_sequence.data() + first[s];
-      for (int i = 0; i < count[s]; ++i) added[i].position = pos[tokens[i]];
+  for (int l = 0; l < L; ++l) {
+    // Local copies of what the loop reads: a page's push_back could otherwise, for all the
+    // compiler knows, change the vectors this region shares, and each token would reload them.
+    const int32_t* const token_seq = seq.data();
+    const int32_t* const token_rank = rank.data();
+    int32_t* const layer_slots = slots.data() + static_cast<size_t>(l) * n * H;
+    int64_t next_page = layer_first[l];
+    for (int t = 0; t < n; ++t) {
+      HeadTable* tables = &table(token_seq[t], l, 0);
+      int32_t* out = layer_slots + static_cast<size_t>(t) * H;
+      for (int h = 0; h < H; ++h) {
+        HeadTable& table = tables[h];
+        const int slot = table.size() + token_rank[t];
+        if (slot >= static_cast<int64_t>(table.pages.size()) * P) {
+          table.pages.push_back(page_taken(next_page++));
+        }
+        out[h] = slot;
+      }
+    }
+    for (int h = 0; h < H; ++h) {
+      for (const int32_t s : sequences) {
+        std::vector<TokenMeta>& meta = table(s, l, h).meta;
+        const size_t base = meta.size();
+        meta.resize(base + count[s]);
+        TokenMeta* added = meta.data() + base;
+        const int32_t* tokens = by_sequence.data() + first[s];
+        for (int i = 0; i < count[s]; ++i) added[i].position = pos[tokens[i]];
+      }
     }
   }
+  free_.resize(free_.size() - static_cast<size_t>(from_free));
+  high_water_ += taken - from_free;
+  pages_in_use_ += static_cast<size_t>(taken);
+  table_version_ += static_cast<uint64_t>(taken);
 }
 
 std::vector<RowMove> KvLayout::evict_flagged(int seq, int layer, int kv_head,

@@ -91,9 +91,11 @@ class KvLayout {
   int append(int seq, int layer, int kv_head, TokenMeta meta);
   // A forward step's appends: for every layer, token and KV head, as append(seq[t], layer, head,
   // {pos[t]}) in that order (the same slots and pages), with the slot of each at
-  // slots[(layer * tokens + t) * kv_heads + head]. Pages are taken on one thread, in that order;
-  // the metadata is written on all threads, a (layer, KV head) each, because at serving batch
-  // sizes every table's tail is a separate place in memory that one thread would wait on in turn.
+  // slots[(layer * tokens + t) * kv_heads + head]. Throws kOutOfMemory, changing nothing, when
+  // the capacity cannot serve the step. The layers' slots, pages and metadata are written on all
+  // threads, a layer each, because at serving batch sizes every table's tail is a separate place in
+  // memory that one thread would wait on in turn, and a prompt's layers each take thousands of
+  // slots.
   void append_step(const std::vector<int32_t>& seq, const std::vector<int32_t>& pos,
                    std::vector<int32_t>& slots);
   // Removes every slot whose flag is non-zero (one flag per slot) at once. With kept = the slots
