@@ -90,18 +90,21 @@ void KvLayout::append_step(const std::vector<int32_t>& seq, const std::vector<in
   // reaches what its pages hold. They are counted first so that a step the capacity cannot serve
   // fails before it changes anything, and so that each layer knows where its pages start in
   // append's order (layer by layer, token by token, head by head) and takes them on its own thread.
+  [[maybe_unused]] const bool parallel = static_cast<int64_t>(n) * L * H >= kParallelTables;
   std::vector<int64_t> layer_first(static_cast<size_t>(L) + 1, 0);
+#pragma omp parallel for schedule(static) if (parallel)
   for (int l = 0; l < L; ++l) {
-    int64_t taken = 0;
+    int64_t layer_taken = 0;
     for (const int32_t s : sequences) {
       for (int h = 0; h < H; ++h) {
         const HeadTable& t = table(s, l, h);
         const int64_t needed = (t.size() + count[s] + P - 1) / P;
-        taken += std::max<int64_t>(0, needed - static_cast<int64_t>(t.pages.size()));
+        layer_taken += std::max<int64_t>(0, needed - static_cast<int64_t>(t.pages.size()));
       }
     }
-    layer_first[l + 1] = layer_first[l] + taken;
+    layer_first[l + 1] = layer_taken;
   }
+  for (int l = 0; l < L; ++l) layer_first[l + 1] += layer_first[l];
   const int64_t taken = layer_first[L];
   const int64_t from_free = std::min<int64_t>(taken, static_cast<int64_t>(free_.size()));
   if (taken - from_free > capacity_pages_ - high_water_) {
@@ -118,7 +121,6 @@ void KvLayout::append_step(const std::vector<int32_t>& seq, const std::vector<in
   // Each layer's slots and pages, then its tables' new metadata in one resize each, written in
   // place (appended one by one, every element's store held up the next one's reload of the
   // vector's end).
-  [[maybe_unused]] const bool parallel = static_cast<int64_t>(n) * L * H >= kParallelTables;
 #pragma omp parallel for schedule(static) if (parallel)
   for (int l = 0; l < L; ++l) {
     // Local copies of what the loop reads: a page's push_back could otherwise, for all the
