@@ -2,7 +2,8 @@
 # The device calls that test and time the three candidate kernels of sessions 18-20 (README.md
 # beside this file), run from the repository root on the GPU machine with build-next/ carried:
 #   docs/results/session20-cpu/device-job.sh check   # miscompile check, CUDA suite, sanitizers
-#   docs/results/session20-cpu/device-job.sh time    # prompts and batch-1 steps, alternating
+#   docs/results/session20-cpu/device-job.sh time MODEL  # prompts, then batch-1 steps, alternating
+#                                          (MODEL: qwen3-30b-a3b, olmoe-1b-7b or mixtral-8x7b)
 # build-next/ is made here by docs/results/session20-cpu/build-next.sh. Results go to $OUT.
 set -u
 B=build-next
@@ -12,7 +13,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PATH=/usr/local/cuda/bin:$PATH
 $R true
-variants="base attn append wgmma all"
+variants="base attn append wgmma scores all"
 bin() {  # VARIANT NAME: the variant's binary, unpacked on first use
   if [ "$1" = base ]; then echo "$P/$2"; return; fi
   [ -x "$B/$1/$2" ] || { xz -dc "$B/$1/$2.xz" > "$B/$1/$2" && chmod +x "$B/$1/$2"; }
@@ -25,8 +26,8 @@ check)
   for v in $variants; do
     echo "== $v: $(python3 tools/check_ldgsts_registers.py "$(bin $v ekva)" "$(bin $v test_backend_cuda)" 2>&1 | tr '\n' ' ')"
   done | tee "$OUT/ldgsts.txt"
-  # The prefill attention's SASS, base and candidate: instructions of each opcode.
-  for v in base attn; do
+  # The prefill attention's SASS, base and candidates: instructions of each opcode.
+  for v in base attn scores; do
     cuobjdump -sass "$(bin $v ekva)" > /tmp/sass-$v.txt 2>&1
     python3 - /tmp/sass-$v.txt <<'PY' > "$OUT/sass-prefill-$v-opcodes.txt"
 import collections, re, sys
@@ -52,8 +53,9 @@ PY
   tail -3 "$OUT/suite-all.txt"
   declare -A own=([attn]='PrefillAttentionTest.*:CudaEngineTest.*'
     [append]='KvOpsTest.*:CudaEngineTest.*'
-    [wgmma]='GroupedGemmTest.*:CudaEngineTest.PromptExpertsGroupedOnTheDeviceMatchTheCpu')
-  for v in attn append wgmma; do
+    [wgmma]='GroupedGemmTest.*:CudaEngineTest.PromptExpertsGroupedOnTheDeviceMatchTheCpu'
+    [scores]='PrefillAttentionTest.*:GroupedGemmTest.*:CudaEngineTest.*')
+  for v in attn append wgmma scores; do
     $R "$(bin $v test_backend_cuda)" --gtest_filter="${own[$v]}" > "$OUT/suite-$v.txt" 2>&1
     echo "$v: $(tail -1 "$OUT/suite-$v.txt")"
   done
@@ -65,24 +67,20 @@ PY
   done
   ;;
 time)
-  # Prompts of 4096 tokens (OLMoE 4000), then batch-1 decode steps, the variants alternating.
+  # A 4096-token prompt (OLMoE 4000), the variants alternating twice, then batch-1 steps.
+  m=${2:?time needs a model: qwen3-30b-a3b, olmoe-1b-7b or mixtral-8x7b}
+  n=4096; [ "$m" = olmoe-1b-7b ] && n=4000
   for round in 1 2; do
-    for m in qwen3-30b-a3b olmoe-1b-7b mixtral-8x7b; do
-      n=4096; [ $m = olmoe-1b-7b ] && n=4000
-      for v in $variants; do
-        $R "$(bin $v ekva)" bench --model $configs/$m/config.json --random-weights 1 --batch 1 \
-          --context 16 --budgets 1 --steps 3 --warmup 1 --prompt $n --json \
-          > "$OUT/prompt-$m-$v-$round.json" 2> "$OUT/prompt-$m-$v-$round.err"
-        echo "prompt $m $v $round: $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["prefill"]["ms"])' "$OUT/prompt-$m-$v-$round.json" 2>&1)"
-      done
-    done
-  done | tee "$OUT/prompts.txt"
-  for m in qwen3-30b-a3b olmoe-1b-7b mixtral-8x7b; do
-    n=4096; [ $m = olmoe-1b-7b ] && n=4000
-    for v in base append all; do
+    for v in $variants; do
       $R "$(bin $v ekva)" bench --model $configs/$m/config.json --random-weights 1 --batch 1 \
-        --context $n --budgets 1 --steps 10 --warmup 2 --json > "$OUT/decode-$m-$v.json" 2>&1
+        --context 16 --budgets 1 --steps 3 --warmup 1 --prompt $n --json \
+        > "$OUT/prompt-$m-$v-$round.json" 2> "$OUT/prompt-$m-$v-$round.err"
+      echo "prompt $m $v $round: $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["prefill"]["ms"])' "$OUT/prompt-$m-$v-$round.json" 2>&1)"
     done
+  done | tee "$OUT/prompts-$m.txt"
+  for v in base append all; do
+    $R "$(bin $v ekva)" bench --model $configs/$m/config.json --random-weights 1 --batch 1 \
+      --context $n --budgets 1 --steps 10 --warmup 2 --json > "$OUT/decode-$m-$v.json" 2>&1
   done
   ;;
 *)
