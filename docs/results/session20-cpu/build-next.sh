@@ -3,7 +3,9 @@
 # commit, scripts/device-pack.sh) and, for each candidate, its ekva and test_backend_cuda (stripped,
 # xz) in build-next/VARIANT/: attn (prefill-attention-one-barrier.diff), append (session 18's
 # append-kv-warp-per-token.diff), wgmma (session 19's wgmma-grouped-gemm.diff), scores (wgmma, attn
-# and prefill-attention-wgmma-scores.diff, which builds on both) and all (the four).
+# and prefill-attention-wgmma-scores.diff, which builds on both), pv (scores and
+# prefill-attention-wgmma-pv.diff), pvswap (pv with the N-major descriptor's two strides swapped)
+# and all (pv and append).
 # Needs a clean src/ (the diffs are applied to it and taken back off); builds in build-var/.
 set -euo pipefail
 root=$(git rev-parse --show-toplevel)
@@ -15,7 +17,9 @@ declare -A diffs=([attn]=$results/session20-cpu/prefill-attention-one-barrier.di
   [append]=$results/session18-h200/append-kv-warp-per-token.diff
   [wgmma]=$results/session19-cpu/wgmma-grouped-gemm.diff)
 diffs[scores]="${diffs[wgmma]} ${diffs[attn]} $results/session20-cpu/prefill-attention-wgmma-scores.diff"
-diffs[all]="${diffs[scores]} ${diffs[append]}"
+diffs[pv]="${diffs[scores]} $results/session20-cpu/prefill-attention-wgmma-pv.diff"
+diffs[pvswap]="${diffs[pv]} $results/session20-cpu/prefill-attention-wgmma-pv-strides-swapped.diff"
+diffs[all]="${diffs[pv]} ${diffs[append]}"
 targets="ekva test_backend_cuda cuda_decode_attention_bench ekva_kernel_trace"
 cmake -S . -B build-var -G Ninja -DCMAKE_BUILD_TYPE=Release -DEKVA_CUDA=ON > /dev/null
 rm -rf build-next && mkdir -p build-next
@@ -24,7 +28,7 @@ scripts/device-pack.sh build-var
 mv build-var/device-all build-next/
 trap 'git checkout -- src' EXIT
 # sm_90 variants first, then the two that move the CUDA target to sm_90a: two full rebuilds.
-for v in attn append wgmma scores all; do
+for v in attn append wgmma scores pv pvswap all; do
   for d in ${diffs[$v]}; do git apply "$d"; done
   ninja -C build-var ekva test_backend_cuda
   mkdir -p build-next/$v

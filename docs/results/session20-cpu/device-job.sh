@@ -1,7 +1,8 @@
 #!/bin/bash
-# The device calls that test and time the three candidate kernels of sessions 18-20 (README.md
+# The device calls that test and time the candidate kernels of sessions 18-20 (README.md
 # beside this file), run from the repository root on the GPU machine with build-next/ carried:
-#   docs/results/session20-cpu/device-job.sh check   # miscompile check, CUDA suite, sanitizers
+#   docs/results/session20-cpu/device-job.sh check     # miscompile check, SASS counts, CUDA suite
+#   docs/results/session20-cpu/device-job.sh sanitize  # racecheck and memcheck on the new kernels
 #   docs/results/session20-cpu/device-job.sh time MODEL  # prompts, then batch-1 steps, alternating
 #                                          (MODEL: qwen3-30b-a3b, olmoe-1b-7b or mixtral-8x7b)
 # build-next/ is made here by docs/results/session20-cpu/build-next.sh. Results go to $OUT.
@@ -13,7 +14,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PATH=/usr/local/cuda/bin:$PATH
 $R true
-variants="base attn append wgmma scores all"
+variants=${VARIANTS:-"base attn append wgmma scores pv pvswap all"}
 bin() {  # VARIANT NAME: the variant's binary, unpacked on first use
   if [ "$1" = base ]; then echo "$P/$2"; return; fi
   [ -x "$B/$1/$2" ] || { xz -dc "$B/$1/$2.xz" > "$B/$1/$2" && chmod +x "$B/$1/$2"; }
@@ -27,7 +28,7 @@ check)
     echo "== $v: $(python3 tools/check_ldgsts_registers.py "$(bin $v ekva)" "$(bin $v test_backend_cuda)" 2>&1 | tr '\n' ' ')"
   done | tee "$OUT/ldgsts.txt"
   # The prefill attention's SASS, base and candidates: instructions of each opcode.
-  for v in base attn scores; do
+  for v in base attn scores pv; do
     cuobjdump -sass "$(bin $v ekva)" > /tmp/sass-$v.txt 2>&1
     python3 - /tmp/sass-$v.txt <<'PY' > "$OUT/sass-prefill-$v-opcodes.txt"
 import collections, re, sys
@@ -47,18 +48,21 @@ for name, ops in kernels.items():
 PY
     echo "sass $v: $(grep -c instructions "$OUT/sass-prefill-$v-opcodes.txt") kernels"
   done
-  # Each diff touches its own kernels: the whole suite on all three together, each one's own tests
+  # Each diff touches its own kernels: the whole suite on all of them together, each one's own tests
   # on its binary.
   $R "$(bin all test_backend_cuda)" > "$OUT/suite-all.txt" 2>&1
   tail -3 "$OUT/suite-all.txt"
   declare -A own=([attn]='PrefillAttentionTest.*:CudaEngineTest.*'
     [append]='KvOpsTest.*:CudaEngineTest.*'
     [wgmma]='GroupedGemmTest.*:CudaEngineTest.PromptExpertsGroupedOnTheDeviceMatchTheCpu'
-    [scores]='PrefillAttentionTest.*:GroupedGemmTest.*:CudaEngineTest.*')
-  for v in attn append wgmma scores; do
+    [scores]='PrefillAttentionTest.*:GroupedGemmTest.*:CudaEngineTest.*'
+    [pv]='PrefillAttentionTest.*:CudaEngineTest.*' [pvswap]='PrefillAttentionTest.*')
+  for v in attn append wgmma scores pv pvswap; do
     $R "$(bin $v test_backend_cuda)" --gtest_filter="${own[$v]}" > "$OUT/suite-$v.txt" 2>&1
     echo "$v: $(tail -1 "$OUT/suite-$v.txt")"
   done
+  ;;
+sanitize)
   for tool in racecheck memcheck; do
     $R compute-sanitizer --tool $tool --error-exitcode 1 "$(bin all test_backend_cuda)" \
       --gtest_filter='PrefillAttentionTest.*:GroupedGemmTest.WideGroupsOfPromptSizedSteps:KvOpsTest.AppendAppliesRopeLikeCpu' \
@@ -67,7 +71,8 @@ PY
   done
   ;;
 time)
-  # A 4096-token prompt (OLMoE 4000), the variants alternating twice, then batch-1 steps.
+  # A 4096-token prompt (OLMoE 4000), the variants alternating twice (VARIANTS: those that passed
+  # the check), then batch-1 steps.
   m=${2:?time needs a model: qwen3-30b-a3b, olmoe-1b-7b or mixtral-8x7b}
   n=4096; [ "$m" = olmoe-1b-7b ] && n=4000
   for round in 1 2; do
@@ -84,7 +89,7 @@ time)
   done
   ;;
 *)
-  echo "usage: $0 check|time" >&2
+  echo "usage: $0 check|sanitize|time MODEL" >&2
   exit 2
   ;;
 esac
