@@ -85,7 +85,8 @@ time)
   done | tee "$OUT/prompts-$m.txt"
   for v in base append all; do
     $R "$(bin $v ekva)" bench --model $configs/$m/config.json --random-weights 1 --batch 1 \
-      --context $n --budgets 1 --steps 10 --warmup 2 --json > "$OUT/decode-$m-$v.json" 2>&1
+      --context $n --budgets 1 --steps 10 --warmup 2 --json > "$OUT/decode-$m-$v.json" \
+      2> "$OUT/decode-$m-$v.err"
   done
   ;;
 *)

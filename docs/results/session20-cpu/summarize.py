@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""Tables from what `device-job.sh time MODEL` wrote to $OUT, for docs/BENCHMARKS.md.
+
+  docs/results/session20-cpu/summarize.py OUT_DIR
+
+For each model: the prompt's milliseconds of every round per variant, their median, its ratio to
+base's median and the TFLOP/s at the median; then each batch-1 decode step with its share of the
+datasheet floor. A variant whose JSON is missing or unreadable is listed with the reason.
+"""
+import glob
+import json
+import os
+import re
+import statistics
+import sys
+
+
+def load(path):
+    try:
+        with open(path) as f:
+            return json.load(f), None
+    except (OSError, ValueError) as e:
+        return None, str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit("usage: summarize.py OUT_DIR")
+    out = sys.argv[1]
+    prompts = {}  # model -> variant -> [(round, json or None, error)]
+    for path in sorted(glob.glob(os.path.join(out, "prompt-*-*.json"))):
+        m = re.match(r"prompt-(.+)-([a-z]+)-(\d+)\.json$", os.path.basename(path))
+        if not m:
+            continue
+        data, error = load(path)
+        prompts.setdefault(m.group(1), {}).setdefault(m.group(2), []).append(
+            (int(m.group(3)), data, error))
+    for model, variants in sorted(prompts.items()):
+        print(f"\n{model}, prompt:\n")
+        print("| variant | ms per round | median ms | vs base | TFLOP/s |")
+        print("| --- | --- | ---: | ---: | ---: |")
+        medians = {}
+        for variant, runs in variants.items():
+            ok = [d["prefill"] for _, d, _ in sorted(runs, key=lambda r: r[0]) if d and d.get("prefill")]
+            if ok:
+                medians[variant] = statistics.median(p["ms"] for p in ok)
+        base = medians.get("base")
+        for variant, runs in variants.items():
+            errors = [e for _, d, e in runs if d is None]
+            if variant not in medians:
+                print(f"| {variant} | failed: {errors[0] if errors else 'no prefill'} | | | |")
+                continue
+            ok = [d["prefill"] for _, d, _ in sorted(runs, key=lambda r: r[0]) if d and d.get("prefill")]
+            median = medians[variant]
+            flops = ok[0]["flops"]
+            ratio = f"{median / base:.3f}" if base else ""
+            rounds = " / ".join(f"{p['ms']:.2f}" for p in ok)
+            print(f"| {variant} | {rounds} | {median:.2f} | {ratio} | {flops / median / 1e9:.1f} |")
+    decodes = sorted(glob.glob(os.path.join(out, "decode-*-*.json")))
+    if decodes:
+        print("\nbatch-1 decode:\n")
+        print("| model | variant | ms / step | Roofline ms | % of floor |")
+        print("| --- | --- | ---: | ---: | ---: |")
+    for path in decodes:
+        m = re.match(r"decode-(.+)-([a-z]+)\.json$", os.path.basename(path))
+        if not m:
+            continue
+        data, error = load(path)
+        if data is None:
+            print(f"| {m.group(1)} | {m.group(2)} | failed: {error} | | |")
+            continue
+        for row in data["decode"]:
+            print(f"| {m.group(1)} | {m.group(2)} | {row['step_ms']:.3f} | "
+                  f"{row['predicted_ms']:.3f} | {100 * row['fraction_of_floor']:.0f}% |")
+
+
+if __name__ == "__main__":
+    main()
