@@ -4,8 +4,8 @@
 # xz) in build-next/VARIANT/: attn (prefill-attention-one-barrier.diff), append (session 18's
 # append-kv-warp-per-token.diff), wgmma (session 19's wgmma-grouped-gemm.diff), scores (wgmma, attn
 # and prefill-attention-wgmma-scores.diff, which builds on both), pv (scores and
-# prefill-attention-wgmma-pv.diff), pvswap (pv with the N-major descriptor's two strides swapped)
-# and all (pv and append).
+# prefill-attention-wgmma-pv.diff), pvswap (pv with the N-major descriptor's two strides swapped),
+# scan (attn and prefill-attention-scan-without-divisions.diff) and all (pv, the scan and append).
 # Needs a clean src/ (the diffs are applied to it and taken back off); builds in build-var/.
 set -euo pipefail
 root=$(git rev-parse --show-toplevel)
@@ -19,7 +19,8 @@ declare -A diffs=([attn]=$results/session20-cpu/prefill-attention-one-barrier.di
 diffs[scores]="${diffs[wgmma]} ${diffs[attn]} $results/session20-cpu/prefill-attention-wgmma-scores.diff"
 diffs[pv]="${diffs[scores]} $results/session20-cpu/prefill-attention-wgmma-pv.diff"
 diffs[pvswap]="${diffs[pv]} $results/session20-cpu/prefill-attention-wgmma-pv-strides-swapped.diff"
-diffs[all]="${diffs[pv]} ${diffs[append]}"
+diffs[scan]="${diffs[attn]} $results/session20-cpu/prefill-attention-scan-without-divisions.diff"
+diffs[all]="${diffs[pv]} $results/session20-cpu/prefill-attention-scan-without-divisions.diff ${diffs[append]}"
 targets="ekva test_backend_cuda cuda_decode_attention_bench ekva_kernel_trace"
 cmake -S . -B build-var -G Ninja -DCMAKE_BUILD_TYPE=Release -DEKVA_CUDA=ON > /dev/null
 rm -rf build-next && mkdir -p build-next
@@ -27,8 +28,8 @@ ninja -C build-var $targets
 scripts/device-pack.sh build-var
 mv build-var/device-all build-next/
 trap 'git checkout -- src' EXIT
-# sm_90 variants first, then the two that move the CUDA target to sm_90a: two full rebuilds.
-for v in attn append wgmma scores pv pvswap all; do
+# sm_90 variants first, then those that move the CUDA target to sm_90a: two full rebuilds.
+for v in attn scan append wgmma scores pv pvswap all; do
   for d in ${diffs[$v]}; do git apply "$d"; done
   ninja -C build-var ekva test_backend_cuda
   mkdir -p build-next/$v

@@ -14,7 +14,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PATH=/usr/local/cuda/bin:$PATH
 $R true
-variants=${VARIANTS:-"base attn append wgmma scores pv pvswap all"}
+variants=${VARIANTS:-"base attn scan append wgmma scores pv pvswap all"}
 bin() {  # VARIANT NAME: the variant's binary, unpacked on first use
   if [ "$1" = base ]; then echo "$P/$2"; return; fi
   [ -x "$B/$1/$2" ] || { xz -dc "$B/$1/$2.xz" > "$B/$1/$2" && chmod +x "$B/$1/$2"; }
@@ -56,8 +56,9 @@ PY
     [append]='KvOpsTest.*:CudaEngineTest.*'
     [wgmma]='GroupedGemmTest.*:CudaEngineTest.PromptExpertsGroupedOnTheDeviceMatchTheCpu'
     [scores]='PrefillAttentionTest.*:GroupedGemmTest.*:CudaEngineTest.*'
-    [pv]='PrefillAttentionTest.*:CudaEngineTest.*' [pvswap]='PrefillAttentionTest.*')
-  for v in attn append wgmma scores pv pvswap; do
+    [pv]='PrefillAttentionTest.*:CudaEngineTest.*' [pvswap]='PrefillAttentionTest.*'
+    [scan]='PrefillAttentionTest.*')
+  for v in attn scan append wgmma scores pv pvswap; do
     $R "$(bin $v test_backend_cuda)" --gtest_filter="${own[$v]}" > "$OUT/suite-$v.txt" 2>&1
     echo "$v: $(tail -1 "$OUT/suite-$v.txt")"
   done
