@@ -5,7 +5,8 @@
 # append-kv-warp-per-token.diff), wgmma (session 19's wgmma-grouped-gemm.diff), scores (wgmma, attn
 # and prefill-attention-wgmma-scores.diff, which builds on both), pv (scores and
 # prefill-attention-wgmma-pv.diff), pvswap (pv with the N-major descriptor's two strides swapped),
-# scan (attn and prefill-attention-scan-without-divisions.diff) and all (pv, the scan and append).
+# scan (attn and prefill-attention-scan-without-divisions.diff) and all (pv, the scan and append);
+# and build-next/wgmma_layouts (wgmma_layouts.cu against pv's helpers).
 # Needs a clean src/ (the diffs are applied to it and taken back off); builds in build-var/.
 set -euo pipefail
 root=$(git rev-parse --show-toplevel)
@@ -32,6 +33,11 @@ trap 'git checkout -- src' EXIT
 for v in attn scan append wgmma scores pv pvswap all; do
   for d in ${diffs[$v]}; do git apply "$d"; done
   ninja -C build-var ekva test_backend_cuda
+  if [ $v = pv ]; then  # the operand layouts alone, against the PV tree's helpers
+    nvcc -std=c++17 -O2 -gencode arch=compute_90a,code=sm_90a -Isrc \
+      $results/session20-cpu/wgmma_layouts.cu -o build-next/wgmma_layouts
+    strip build-next/wgmma_layouts
+  fi
   mkdir -p build-next/$v
   for b in src/cli/ekva tests/test_backend_cuda; do
     strip -o build-next/$v/$(basename $b) build-var/$b

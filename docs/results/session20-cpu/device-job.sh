@@ -24,6 +24,8 @@ configs=tests/fixtures/configs
 
 case "${1:-}" in
 check)
+  # The operand layouts alone first: which N-major stride assignment is the hardware's.
+  build-next/wgmma_layouts | tee "$OUT/wgmma-layouts.txt"
   for v in $variants; do
     echo "== $v: $(python3 tools/check_ldgsts_registers.py "$(bin $v ekva)" "$(bin $v test_backend_cuda)" 2>&1 | tr '\n' ' ')"
   done | tee "$OUT/ldgsts.txt"
