@@ -35,8 +35,8 @@ __global__ void layouts_kernel(const uint16_t* a, const uint16_t* b, const uint1
                                float* o_lead_n, float* o_lead_k) {
   extern __shared__ uint4 raw[];  // kSharedBytes: the four operands, 1024-byte aligned
   const uint32_t base = shared_address(raw);
-  uint16_t* sa = reinterpret_cast<uint16_t*>(reinterpret_cast<char*>(raw) +
-                                             (((base + 1023) & ~1023u) - base));
+  uint16_t* sa =
+      reinterpret_cast<uint16_t*>(reinterpret_cast<char*>(raw) + (((base + 1023) & ~1023u) - base));
   uint16_t* sb = sa + kM * kK;
   uint16_t* sc = sb + 64 * kK;
   uint16_t* sv = sc + kN * kK;  // K rows (slots) of N = 128 columns
@@ -47,7 +47,8 @@ __global__ void layouts_kernel(const uint16_t* a, const uint16_t* b, const uint1
   for (int i = t; i < kK * kN; i += 128) sv[block_at(kK, i / kN, i % kN)] = v[i];
   fence_proxy_async_shared();
   __syncthreads();
-  // Accumulator element e of column block j: row 16 warp + lane / 4 (+ 8), column 8 j + 2 (lane % 4)
+  // Accumulator element e of column block j: row 16 warp + lane / 4 (+ 8), column 8 j + 2 (lane %
+  // 4)
   // (+ 1).
   const auto store = [&](const float* d, int blocks, float* out, int cols) {
     for (int j = 0; j < blocks; ++j) {
@@ -92,7 +93,8 @@ __global__ void layouts_kernel(const uint16_t* a, const uint16_t* b, const uint1
   for (int kk = 0; kk < kK / 16; ++kk) {
     const int c0 = 16 * kk + 2 * (lane % 4);
     const auto pair = [&](int r, int col) {
-      return static_cast<uint32_t>(p[r * kK + col]) | static_cast<uint32_t>(p[r * kK + col + 1]) << 16;
+      return static_cast<uint32_t>(p[r * kK + col]) | static_cast<uint32_t>(p[r * kK + col + 1])
+                                                          << 16;
     };
     pf[kk][0] = pair(r0, c0);
     pf[kk][1] = pair(r0 + 8, c0);
@@ -165,9 +167,9 @@ int main() {
   check(cudaFuncSetAttribute(layouts_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              kSharedBytes),
         "cudaFuncSetAttribute");
-  layouts_kernel<<<1, 128, kSharedBytes>>>(upload(ab), upload(bb), upload(cb), upload(pb), upload(vb), out,
-                             out + sizes[0], out + sizes[0] + sizes[1],
-                             out + sizes[0] + 2 * sizes[1]);
+  layouts_kernel<<<1, 128, kSharedBytes>>>(
+      upload(ab), upload(bb), upload(cb), upload(pb), upload(vb), out, out + sizes[0],
+      out + sizes[0] + sizes[1], out + sizes[0] + 2 * sizes[1]);
   check(cudaGetLastError(), "launch");
   check(cudaDeviceSynchronize(), "kernel");
   std::vector<float> got(sizes[0] + 3 * sizes[1]);
