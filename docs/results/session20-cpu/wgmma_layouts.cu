@@ -47,9 +47,8 @@ __global__ void layouts_kernel(const uint16_t* a, const uint16_t* b, const uint1
   for (int i = t; i < kK * kN; i += 128) sv[block_at(kK, i / kN, i % kN)] = v[i];
   fence_proxy_async_shared();
   __syncthreads();
-  // Accumulator element e of column block j: row 16 warp + lane / 4 (+ 8), column 8 j + 2 (lane %
-  // 4)
-  // (+ 1).
+  // Accumulator element e of column block j: row 16 warp + lane / 4 + 8 (e / 2), column
+  // 8 j + 2 (lane % 4) + e % 2.
   const auto store = [&](const float* d, int blocks, float* out, int cols) {
     for (int j = 0; j < blocks; ++j) {
       for (int e = 0; e < 4; ++e) {
