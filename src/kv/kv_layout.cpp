@@ -35,19 +35,27 @@ KvLayout::KvLayout(const ModelSpec& spec, int num_sequences, KvFormat format,
   next_position_.assign(num_sequences, 0);
 }
 
+void KvLayout::take_pages(int32_t* pages, int64_t count) {
+  const int64_t from_free = std::min<int64_t>(count, static_cast<int64_t>(free_.size()));
+  if (count - from_free > capacity_pages_ - high_water_) {
+    fail(ErrorKind::kOutOfMemory,
+         "KV cache full: {} pages of {} bytes are needed and {} of the {} are free", count,
+         page_bytes(), static_cast<int64_t>(free_.size()) + capacity_pages_ - high_water_,
+         capacity_pages_);
+  }
+  for (int64_t i = 0; i < from_free; ++i) pages[i] = free_[free_.size() - 1 - i];
+  for (int64_t i = from_free; i < count; ++i) {
+    pages[i] = static_cast<int32_t>(high_water_ + (i - from_free));
+  }
+  free_.resize(free_.size() - static_cast<size_t>(from_free));
+  high_water_ += count - from_free;
+  pages_in_use_ += static_cast<size_t>(count);
+  table_version_ += static_cast<uint64_t>(count);
+}
+
 int32_t KvLayout::allocate_page() {
   int32_t page;
-  if (!free_.empty()) {
-    page = free_.back();
-    free_.pop_back();
-  } else if (high_water_ < capacity_pages_) {
-    page = static_cast<int32_t>(high_water_++);
-  } else {
-    fail(ErrorKind::kOutOfMemory, "KV cache full: all {} pages of {} bytes are in use",
-         capacity_pages_, page_bytes());
-  }
-  ++pages_in_use_;
-  ++table_version_;
+  take_pages(&page, 1);
   return page;
 }
 
@@ -105,19 +113,8 @@ void KvLayout::append_step(const std::vector<int32_t>& seq, const std::vector<in
     layer_first[l + 1] = layer_taken;
   }
   for (int l = 0; l < L; ++l) layer_first[l + 1] += layer_first[l];
-  const int64_t taken = layer_first[L];
-  const int64_t from_free = std::min<int64_t>(taken, static_cast<int64_t>(free_.size()));
-  if (taken - from_free > capacity_pages_ - high_water_) {
-    fail(ErrorKind::kOutOfMemory,
-         "KV cache full: a step needs {} pages of {} bytes and {} of the {} are free", taken,
-         page_bytes(), static_cast<int64_t>(free_.size()) + capacity_pages_ - high_water_,
-         capacity_pages_);
-  }
-  // The i-th page a step takes is the one the i-th allocate_page would return.
-  const auto page_taken = [&](int64_t i) {
-    return i < from_free ? free_[free_.size() - 1 - i]
-                         : static_cast<int32_t>(high_water_ + (i - from_free));
-  };
+  std::vector<int32_t> taken(static_cast<size_t>(layer_first[L]));
+  take_pages(taken.data(), static_cast<int64_t>(taken.size()));
   // Each layer's slots and pages, then its tables' new metadata in one resize each, written in
   // place (appended one by one, every element's store held up the next one's reload of the
   // vector's end).
@@ -127,6 +124,7 @@ void KvLayout::append_step(const std::vector<int32_t>& seq, const std::vector<in
     // compiler knows, change the vectors this region shares, and each token would reload them.
     const int32_t* const token_seq = seq.data();
     const int32_t* const token_rank = rank.data();
+    const int32_t* const step_pages = taken.data();
     int32_t* const layer_slots = slots.data() + static_cast<size_t>(l) * n * H;
     int64_t next_page = layer_first[l];
     for (int t = 0; t < n; ++t) {
@@ -136,7 +134,7 @@ void KvLayout::append_step(const std::vector<int32_t>& seq, const std::vector<in
         HeadTable& table = tables[h];
         const int slot = table.size() + token_rank[t];
         if (slot >= static_cast<int64_t>(table.pages.size()) * P) {
-          table.pages.push_back(page_taken(next_page++));
+          table.pages.push_back(step_pages[next_page++]);
         }
         out[h] = slot;
       }
@@ -152,10 +150,6 @@ void KvLayout::append_step(const std::vector<int32_t>& seq, const std::vector<in
       }
     }
   }
-  free_.resize(free_.size() - static_cast<size_t>(from_free));
-  high_water_ += taken - from_free;
-  pages_in_use_ += static_cast<size_t>(taken);
-  table_version_ += static_cast<uint64_t>(taken);
 }
 
 std::vector<RowMove> KvLayout::evict_flagged(int seq, int layer, int kv_head,

@@ -137,6 +137,10 @@ class KvLayout {
   size_t index(int seq, int layer, int kv_head) const {
     return (static_cast<size_t>(seq) * num_layers_ + layer) * num_kv_heads_ + kv_head;
   }
+  // Fills pages[0 .. count) with free pages, most recently released first, then never-used ones;
+  // throws kOutOfMemory, changing nothing, when fewer are free. (Pointer and count: device code,
+  // C++17, includes this header.)
+  void take_pages(int32_t* pages, int64_t count);
   int32_t allocate_page();
   void release_page(int32_t page);
   // Throws kInvalidArgument unless `slots` are ascending, distinct slots of `t`.
