@@ -27,6 +27,10 @@ def main():
     if len(sys.argv) != 2:
         sys.exit("usage: summarize.py OUT_DIR")
     out = sys.argv[1]
+    if not os.path.isdir(out):
+        sys.exit(f"summarize.py: {out} is not a directory")
+    if not glob.glob(os.path.join(out, "prompt-*.json")) + glob.glob(os.path.join(out, "decode-*.json")):
+        sys.exit(f"summarize.py: {out} holds no prompt-*.json or decode-*.json")
     prompts = {}  # model -> variant -> [(round, json or None, error)]
     for path in sorted(glob.glob(os.path.join(out, "prompt-*-*.json"))):
         m = re.match(r"prompt-(.+)-([a-z]+)-(\d+)\.json$", os.path.basename(path))
@@ -39,23 +43,21 @@ def main():
         print(f"\n{model}, prompt:\n")
         print("| variant | ms per round | median ms | vs base | TFLOP/s |")
         print("| --- | --- | ---: | ---: | ---: |")
-        medians = {}
+        # Each variant's readable prefills, in round order.
+        done = {v: [d["prefill"] for _, d, _ in sorted(runs, key=lambda r: r[0])
+                    if d and d.get("prefill")] for v, runs in variants.items()}
+        base = statistics.median(p["ms"] for p in done["base"]) if done.get("base") else None
         for variant, runs in variants.items():
-            ok = [d["prefill"] for _, d, _ in sorted(runs, key=lambda r: r[0]) if d and d.get("prefill")]
-            if ok:
-                medians[variant] = statistics.median(p["ms"] for p in ok)
-        base = medians.get("base")
-        for variant, runs in variants.items():
-            errors = [e for _, d, e in runs if d is None]
-            if variant not in medians:
+            ok = done[variant]
+            if not ok:
+                errors = [e for _, d, e in runs if d is None]
                 print(f"| {variant} | failed: {errors[0] if errors else 'no prefill'} | | | |")
                 continue
-            ok = [d["prefill"] for _, d, _ in sorted(runs, key=lambda r: r[0]) if d and d.get("prefill")]
-            median = medians[variant]
-            flops = ok[0]["flops"]
+            median = statistics.median(p["ms"] for p in ok)
             ratio = f"{median / base:.3f}" if base else ""
             rounds = " / ".join(f"{p['ms']:.2f}" for p in ok)
-            print(f"| {variant} | {rounds} | {median:.2f} | {ratio} | {flops / median / 1e9:.1f} |")
+            print(f"| {variant} | {rounds} | {median:.2f} | {ratio} | "
+                  f"{ok[0]['flops'] / median / 1e9:.1f} |")
     decodes = sorted(glob.glob(os.path.join(out, "decode-*-*.json")))
     if decodes:
         print("\nbatch-1 decode:\n")
