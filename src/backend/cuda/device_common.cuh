@@ -123,6 +123,172 @@ __device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const uint32_t (&a
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Hopper's warpgroup MMA (sm_90a): the four warps of a warpgroup multiply operands that stay in
+// shared memory, so no ldmatrix or fragment registers stand between the copies and the tensor
+// cores. A descriptor names a K-major tile of rows of 64 bf16 (128 bytes) stored with the 128-byte
+// swizzle (16-byte chunk c of row r at chunk c ^ (r % 8)), 8-row atoms 1024 bytes apart, the tile
+// 1024-byte aligned; `start` may be advanced by whole 32-byte k-steps within the row.
+__device__ __forceinline__ uint64_t wgmma_descriptor(uint32_t start) {
+  constexpr uint64_t kSwizzle128 = 1;
+  constexpr uint64_t kAtomBytes = 1024;  // between 8-row atoms along M or N
+  return static_cast<uint64_t>((start & 0x3ffff) >> 4) | (uint64_t{1} << 16) |
+         ((kAtomBytes >> 4) << 32) | (kSwizzle128 << 62);
+}
+// The same for an N-major B operand (the MMA's transpose flag set): K rows of 64 N-elements (128
+// bytes) with the 128-byte swizzle, 8-row atoms 1024 bytes apart along K and `n_block_bytes`
+// between the 64-element blocks along N; `start` advances by whole 8-row atoms along K.
+__device__ __forceinline__ uint64_t wgmma_descriptor_n_major(uint32_t start,
+                                                             uint32_t n_block_bytes) {
+  constexpr uint64_t kSwizzle128 = 1;
+  constexpr uint64_t kAtomBytes = 1024;
+  return static_cast<uint64_t>((start & 0x3ffff) >> 4) |
+         (static_cast<uint64_t>((n_block_bytes & 0x3ffff) >> 4) << 16) | ((kAtomBytes >> 4) << 32) |
+         (kSwizzle128 << 62);
+}
+// Shared memory written through the generic proxy (stores, cp.async), made visible to the tensor
+// cores' reads of the async proxy; each writing thread fences before the barrier.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+// Pins the accumulators to their registers at this point: wgmma writes them after the
+// instruction that names them, so the compiler must not move or copy them across a wgmma_fence
+// or a wgmma_wait.
+template <int N>
+__device__ __forceinline__ void wgmma_fence_operands(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+// The same for an A operand in registers, which the MMA reads until its wait: held live to that
+// point, its registers are not given to anything else before it.
+template <int N>
+__device__ __forceinline__ void wgmma_fence_operands(uint32_t (&a)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(a[i])::"memory");
+}
+template <int Pending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(Pending) : "memory");
+}
+// d[64 x 128] += a[64 x 16] * b[16 x 128]: a and b K-major in shared memory (descriptors), bf16,
+// fp32 accumulators laid out as mma_bf16_16816's over 16 column blocks of 8: warp w of the
+// warpgroup holds rows 16w + lane / 4 (+ 8 for d[4i + 2], d[4i + 3]) and columns 8i + 2 (lane % 4)
+// (+ 1 for the odd registers).
+__device__ __forceinline__ void wgmma_m64n128k16_bf16(float (&d)[64], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n"
+      ".reg .pred accumulate;\n"
+      "setp.ne.b32 accumulate, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
+      "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
+      "%56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, accumulate, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
+      : "l"(a), "l"(b), "r"(1));
+}
+
+// d[64 x 64] (+)= a[64 x 16] * b[16 x 64], as wgmma_m64n128k16_bf16 over 8 column blocks; without
+// Accumulate, d is only written (no zeroing before a product's first k-step, and d's old values
+// need not stay live).
+template <bool Accumulate>
+__device__ __forceinline__ void wgmma_m64n64k16_bf16(float (&d)[32], uint64_t a, uint64_t b) {
+  if constexpr (Accumulate) {
+    asm volatile(
+        "{\n"
+        ".reg .pred accumulate;\n"
+        "setp.ne.b32 accumulate, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "
+        "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, accumulate, "
+        "1, 1, 0, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+          "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+          "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+          "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(a), "l"(b), "r"(1));
+  } else {
+    asm volatile(
+        "{\n"
+        ".reg .pred accumulate;\n"
+        "setp.ne.b32 accumulate, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "
+        "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, accumulate, "
+        "1, 1, 0, 0;\n"
+        "}\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]),
+          "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]),
+          "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]),
+          "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]),
+          "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31])
+        : "l"(a), "l"(b), "r"(0));
+  }
+}
+
+// d[64 x 64] += a[64 x 16] * b[16 x 64] and d[64 x 128] += a[64 x 16] * b[16 x 128], a from
+// registers (each warp its 16 rows, laid out as mma_bf16_16816's A fragment), b N-major in shared
+// memory (wgmma_descriptor_n_major).
+__device__ __forceinline__ void wgmma_m64n64k16_bf16_n_major(float (&d)[32], const uint32_t (&a)[4],
+                                                             uint64_t b) {
+  asm volatile(
+      "{\n"
+      ".reg .pred accumulate;\n"
+      "setp.ne.b32 accumulate, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, "
+      "accumulate, 1, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+__device__ __forceinline__ void wgmma_m64n128k16_bf16_n_major(float (&d)[64],
+                                                              const uint32_t (&a)[4], uint64_t b) {
+  asm volatile(
+      "{\n"
+      ".reg .pred accumulate;\n"
+      "setp.ne.b32 accumulate, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
+      "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
+      "%56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, accumulate, 1, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+
 // Two floats as a bf16 pair, lo in the low half (the lower column of a fragment).
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -136,6 +302,15 @@ __device__ __forceinline__ float bf16_bits_to_float(uint16_t x) {
 // A bf16 pair as written by pack_bf16.
 __device__ __forceinline__ float2 unpack_bf16(uint32_t pair) {
   return make_float2(__uint_as_float(pair << 16), __uint_as_float(pair & 0xffff0000u));
+}
+
+// 2^x as the special-function unit's one instruction. exp2f keeps subnormal results, which takes
+// instructions around it; a softmax whose sum holds at least one term of 1 loses nothing to their
+// flush to zero.
+__device__ __forceinline__ float exp2_flush_subnormal(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
 }
 
 __device__ __forceinline__ uint16_t to_bf16_bits(float x) {
@@ -177,13 +352,19 @@ __device__ __forceinline__ int64_t key_offset(int64_t pool_row_index, int page_s
   return (page * 2 * page_size + row) * head_dim;
 }
 
-// key_offset(pool_row(table, slot, page_size), page_size, head_dim) with one 32-bit division: in a
-// loop that issues a copy per 16 bytes, key_offset's 64-bit division costs more than the copy.
-__device__ __forceinline__ int64_t slot_key_offset(const int32_t* table, int slot, int page_size,
-                                                   int head_dim) {
+// Where slot `slot` of a segment's block table lives: its pool row (the metadata's index) and its
+// key's element offset in the bf16 pool (value: + page_size * head_dim), from one 32-bit division
+// (key_offset of pool_row takes a second one, of 64 bits, which costs more than a 16-byte copy).
+struct SlotPlace {
+  int64_t pool_row;
+  int64_t key_offset;
+};
+__device__ __forceinline__ SlotPlace slot_place(const int32_t* table, int slot, int page_size,
+                                                int head_dim) {
   const int page_index = slot / page_size;
   const int64_t page = table[page_index];
-  return (page * 2 * page_size + (slot - page_index * page_size)) * head_dim;
+  const int row = slot - page_index * page_size;
+  return {page * page_size + row, (page * 2 * page_size + row) * head_dim};
 }
 
 }  // namespace ekva::cuda

@@ -160,16 +160,17 @@ constexpr int kCols = 64;           // input columns per pipeline stage
 // weight tile and the input tile of a stage, and the stages. A GEMV-like product is bound by the
 // bytes in flight, so few tokens take deep pipelines (six stages, two CTAs per multiprocessor);
 // 64 tokens take three, so that three CTAs fit on a multiprocessor: as many bytes in flight as four
-// stages of two CTAs, and half as many warps again to keep the tensor cores fed on a prompt. Up to
-// 64 tokens each warp takes 16 weight rows and every token; 128 tokens (a prompt's groups) would
-// then need more shared-memory reads than multiplies, so the warps split the tile 2 x 4, each
-// taking 64 rows and 32 tokens, and two CTAs of three stages share a multiprocessor.
+// stages of two CTAs, and half as many warps again to keep the tensor cores fed on a prompt. Each
+// warp holds the sums of 16 weight rows and every token. Up to 64 tokens the warps multiply with
+// mma.sync from fragments they load; 128 tokens (a prompt's groups) take Hopper's warpgroup MMA,
+// each warpgroup multiplying 64 weight rows with the 128 tokens straight from shared memory
+// (mma.sync needed as many fragment loads and instructions as the tensor cores had work), and two
+// CTAs of three stages share a multiprocessor.
 template <int Tokens>
 struct GroupedGemmShape {
   static constexpr bool kWide = Tokens > kMaxGroupedTokens;  // groups of kWideGroupTokens
-  static constexpr int kWarpsN = kWide ? 4 : 1;              // warps along the tokens
-  static constexpr int kWarpRows = kRows / (kWarps / kWarpsN);
-  static constexpr int kWarpTokens = Tokens / kWarpsN;
+  static constexpr int kWarpRows = kRows / kWarps;
+  static constexpr int kWarpTokens = Tokens;
   static constexpr int kStageElements = (kRows + Tokens) * kCols;
   static constexpr int kStages = Tokens <= 16 ? 6 : 3;
   static constexpr int kMinCtas = kWide ? 2 : 1;
@@ -208,7 +209,7 @@ __global__ void __launch_bounds__(kWarps * 32, GroupedGemmShape<Tokens>::kMinCta
   const int col_begin = blockIdx.z * split_cols;
   const int col_end = min(g.in_cols, col_begin + split_cols);
   if (col_begin >= col_end) return;
-  extern __shared__ uint4 shared_raw[];
+  extern __shared__ __align__(1024) uint4 shared_raw[];  // the 128-byte swizzle's atoms
   uint16_t* tiles = reinterpret_cast<uint16_t*>(shared_raw);
   const uint16_t* w = dense ? g.dense : g.weights[p.group_expert[group]];
   const bool swiglu = Shape::kWide && g.swiglu_out != nullptr;
@@ -221,8 +222,7 @@ __global__ void __launch_bounds__(kWarps * 32, GroupedGemmShape<Tokens>::kMinCta
     return out < half_rows ? out + (r < kRows / 2 ? 0 : half_rows) : -1;
   };
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int warp_row0 = (warp / Shape::kWarpsN) * Shape::kWarpRows;
-  const int warp_token0 = (warp % Shape::kWarpsN) * Shape::kWarpTokens;
+  const int warp_row0 = warp * Shape::kWarpRows;
   const int input_rows = (count + 15) / 16 * 16;  // what the mma reads: the rest is zeroed
 
   // Each thread copies the same 16-byte chunk of rows kCopyRows apart at every stage: their element
@@ -263,8 +263,9 @@ __global__ void __launch_bounds__(kWarps * 32, GroupedGemmShape<Tokens>::kMinCta
     }
 #pragma unroll
     for (int j = 0; j < kInputCopies; ++j) {
-      // Rows from count to input_rows are zeroed; those after them are not read.
-      if (copy_row + j * kCopyRows >= input_rows) break;
+      // Rows from count to input_rows are zeroed; those after them are not read by mma.sync, but
+      // the warpgroup MMA reads every row, and zeroed rows keep them finite.
+      if (!Shape::kWide && copy_row + j * kCopyRows >= input_rows) break;
       const bool valid = in_columns && (has_row >> (kWeightCopies + j) & 1u);
       cp_async_16(shared_address(x_tile + shared_at + j * kCopyRows * kCols),
                   g.input + (valid ? input_at[j] + col : 0), valid);
@@ -280,32 +281,51 @@ __global__ void __launch_bounds__(kWarps * 32, GroupedGemmShape<Tokens>::kMinCta
   }
   for (int step = 0; step < steps; ++step) {
     cp_async_wait<kStages - 2>();
+    if constexpr (Shape::kWide) fence_proxy_async_shared();
     __syncthreads();
     const int ahead = step + kStages - 1;
     if (ahead < steps) load(ahead % kStages, col_begin + ahead * kCols);
     cp_async_commit();
-    if (warp_token0 >= input_rows) continue;  // a group too small for this warp's tokens
     const uint16_t* w_tile = tiles + (step % kStages) * Shape::kStageElements;
     const uint16_t* x_tile = w_tile + kRows * kCols;
+    if constexpr (Shape::kWide) {
+      static_assert(Tokens == 128 && kRows == 128 && kWarps == 8 && kCols == 64,
+                    "two warpgroups of m64n128 over a stage of 64 columns");
+      const uint32_t w_at = shared_address(w_tile + (warp / 4) * 64 * kCols);
+      const uint32_t x_at = shared_address(x_tile);
+      float(&d)[64] = reinterpret_cast<float(&)[64]>(acc);
+      wgmma_fence_operands(d);
+      wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < kCols / 16; ++ks) {
-      uint32_t a[kMTiles][4];
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
-        ldmatrix_x4(a[mt], shared_address(w_tile + swizzled(warp_row0 + mt * 16 + lane % 16,
-                                                            ks * 2 + lane / 16)));
+      for (int ks = 0; ks < kCols / 16; ++ks) {
+        wgmma_m64n128k16_bf16(d, wgmma_descriptor(w_at + ks * 32),
+                              wgmma_descriptor(x_at + ks * 32));
       }
+      wgmma_commit();
+      // The stage is copied into again after the next barrier: its reads end here.
+      wgmma_wait<0>();
+      wgmma_fence_operands(d);
+    } else {
 #pragma unroll
-      for (int np = 0; np < kNPairs; ++np) {
-        const int token = warp_token0 + np * 16;
-        if (token >= input_rows) break;
-        uint32_t b[4];
-        ldmatrix_x4(b, shared_address(x_tile + swizzled(token + lane % 8 + (lane / 16) * 8,
-                                                        ks * 2 + (lane / 8) % 2)));
+      for (int ks = 0; ks < kCols / 16; ++ks) {
+        uint32_t a[kMTiles][4];
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
-          mma_bf16_16816(acc[mt][2 * np], a[mt], b[0], b[1]);
-          mma_bf16_16816(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
+          ldmatrix_x4(a[mt], shared_address(w_tile + swizzled(warp_row0 + mt * 16 + lane % 16,
+                                                              ks * 2 + lane / 16)));
+        }
+#pragma unroll
+        for (int np = 0; np < kNPairs; ++np) {
+          const int token = np * 16;
+          if (token >= input_rows) break;
+          uint32_t b[4];
+          ldmatrix_x4(b, shared_address(x_tile + swizzled(token + lane % 8 + (lane / 16) * 8,
+                                                          ks * 2 + (lane / 8) % 2)));
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            mma_bf16_16816(acc[mt][2 * np], a[mt], b[0], b[1]);
+            mma_bf16_16816(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
+          }
         }
       }
     }
@@ -315,13 +335,13 @@ __global__ void __launch_bounds__(kWarps * 32, GroupedGemmShape<Tokens>::kMinCta
   if constexpr (Shape::kWide) {
     if (swiglu) {
       // The warps of the first kRows / 2 tile rows hold gate sums, those after them the up sums
-      // of the same outputs and tokens.
+      // of the same outputs and tokens (warp w + kWarps / 2 those of warp w's).
       constexpr int kStride = Tokens + 4;
       float* up = reinterpret_cast<float*>(shared_raw);
       static_assert((kRows / 2) * kStride * 4 <= Shape::kSharedBytes);
       const bool gate_warp = warp_row0 < kRows / 2;
       const auto local = [&](int mt, int nt, int e) {
-        return (mt * 16 + lane / 4 + (e / 2) * 8) * kStride + warp_token0 + nt * 8 +
+        return (warp_row0 % (kRows / 2) + mt * 16 + lane / 4 + (e / 2) * 8) * kStride + nt * 8 +
                (lane % 4) * 2 + e % 2;
       };
       __syncthreads();  // every warp is done with the pipeline's tiles
@@ -341,8 +361,8 @@ __global__ void __launch_bounds__(kWarps * 32, GroupedGemmShape<Tokens>::kMinCta
         for (int nt = 0; nt < Shape::kWarpTokens / 8; ++nt) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const int r = row0 + mt * 16 + lane / 4 + (e / 2) * 8;
-            const int t = warp_token0 + nt * 8 + (lane % 4) * 2 + e % 2;
+            const int r = row0 + warp_row0 + mt * 16 + lane / 4 + (e / 2) * 8;
+            const int t = nt * 8 + (lane % 4) * 2 + e % 2;
             if (r >= half_rows || t >= count) continue;
             g.swiglu_out[static_cast<int64_t>(first + t) * half_rows + r] =
                 swiglu_bf16(acc[mt][nt][e], up[local(mt, nt, e)]);
@@ -361,7 +381,7 @@ __global__ void __launch_bounds__(kWarps * 32, GroupedGemmShape<Tokens>::kMinCta
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = row + (e / 2) * 8;
-        const int t = warp_token0 + nt * 8 + (lane % 4) * 2 + e % 2;
+        const int t = nt * 8 + (lane % 4) * 2 + e % 2;
         if (r >= g.out_rows || t >= count) continue;
         float* out = output_address(g, first, count, t, r);
         if (split) {

@@ -1,10 +1,11 @@
 // Attention of runs of one sequence's tokens over the paged KV pool on the tensor cores: one CTA
 // per (tile of up to kPrefillTileTokens consecutive tokens, query head), a warp per kWarpRows
-// query rows, 64 slots per step with an online softmax (S = QK^T and O = PV as bf16 mma with fp32
-// accumulators), the next slots' K and V copied into shared memory while the current ones are
-// multiplied. Causal by each slot's stored position, as paged_attention. The kernel is bound by
-// the instructions it issues, not by the tensor cores or shared memory: steps below the diagonal
-// skip the mask, and a row's output is rescaled only when its maximum grows.
+// query rows, 64 slots per step with an online softmax (S = QK^T and O = PV on the warpgroup MMA,
+// Q, K and V from shared memory, P from registers; bf16 with fp32 accumulators),
+// the next slots' K and V copied into shared memory while the current ones are multiplied. Causal
+// by each slot's stored position, as paged_attention. The kernel is bound by the instructions it
+// issues, not by the tensor cores or shared memory: steps below the diagonal skip the mask, and a
+// row's output is rescaled only when its maximum grows.
 #include <cuda_bf16.h>
 
 #include <climits>
@@ -27,32 +28,38 @@ constexpr int kWarpRows = 16;
 constexpr int kThreads = 32 * kPrefillTileTokens / kWarpRows;
 constexpr int kSlots = 64;  // per step of the slot loop
 
-// Element offset of 16-byte chunk `chunk` of row `row` in a [rows][head_dim] bf16 tile. Chunks are
-// XOR-swizzled by the row so that the eight row addresses of an ldmatrix fall in distinct banks
-// (in two for head_dim 32, whose rows have only four chunks).
+// Q, K and V as the warpgroup MMA reads them (Q and K K-major, V N-major): column blocks of 64
+// elements, each [rows][64] with the 128-byte swizzle. head_dim 32 pads its rows to 64 (with zeros
+// in Q and K; V's padding only makes output columns that are not written).
+constexpr int kBlockCols = 64;
 template <int D>
-__device__ __forceinline__ int swizzled(int row, int chunk) {
-  constexpr int kSpread = D / 8 < 8 ? D / 8 : 8;
-  return row * D + ((chunk ^ (row % kSpread)) * 8);
+constexpr int kOperandCols = D < kBlockCols ? kBlockCols : D;
+template <int Rows>
+__device__ __forceinline__ int operand_at(int row, int chunk) {
+  return (chunk / 8) * Rows * kBlockCols + row * kBlockCols + ((chunk % 8) ^ (row % 8)) * 8;
 }
 
+// Q, two stages of K and V, and room to align the tiles to the swizzle's 1024-byte atoms.
 template <int D>
 constexpr int shared_bytes() {
-  return (kPrefillTileTokens + 4 * kSlots) * D * static_cast<int>(sizeof(uint16_t));
+  return (kPrefillTileTokens + 4 * kSlots) * kOperandCols<D> * static_cast<int>(sizeof(uint16_t)) +
+         1024;
 }
 
 template <int D>
 __global__ void __launch_bounds__(kThreads, 2)
     prefill_attention_kernel(const PagedKvLayer kv, const PrefillAttention a, float scale_log2) {
   constexpr int kChunks = D / 8;
+  constexpr int kOC = kOperandCols<D>;
   extern __shared__ uint4 shared_raw[];
-  uint16_t* q_tile = reinterpret_cast<uint16_t*>(shared_raw);
-  uint16_t* k_tiles = q_tile + kPrefillTileTokens * D;  // two stages
-  uint16_t* v_tiles = k_tiles + 2 * kSlots * D;
+  const uint32_t raw = shared_address(shared_raw);
+  uint16_t* q_tile = reinterpret_cast<uint16_t*>(reinterpret_cast<char*>(shared_raw) +
+                                                 (((raw + 1023) & ~1023u) - raw));
+  uint16_t* k_tiles = q_tile + kPrefillTileTokens * kOC;  // two stages
+  uint16_t* v_tiles = k_tiles + 2 * kSlots * kOC;
   __shared__ int32_t slot_pos[2][kSlots];
   __shared__ int32_t query_pos[kPrefillTileTokens];
   __shared__ int32_t max_query_pos;
-  __shared__ int32_t min_query_pos;
   __shared__ int32_t last_visible_slot;
 
   // Later tiles of a sequence see more slots: they start first, so that the grid's last wave is
@@ -69,7 +76,6 @@ __global__ void __launch_bounds__(kThreads, 2)
 
   if (threadIdx.x == 0) {
     max_query_pos = INT_MIN;
-    min_query_pos = INT_MAX;
     last_visible_slot = -1;
   }
   for (int c = threadIdx.x; c < kPrefillTileTokens * kChunks; c += kThreads) {
@@ -82,45 +88,74 @@ __global__ void __launch_bounds__(kThreads, 2)
       packed = make_uint4(pack_bf16(lo.x, lo.y), pack_bf16(lo.z, lo.w), pack_bf16(hi.x, hi.y),
                           pack_bf16(hi.z, hi.w));
     }
-    *reinterpret_cast<uint4*>(q_tile + swizzled<D>(r, chunk)) = packed;
+    *reinterpret_cast<uint4*>(q_tile + operand_at<kPrefillTileTokens>(r, chunk)) = packed;
+  }
+  // head_dim 32's zero columns of Q and of both stages of K, which no copy writes.
+  constexpr int kPadChunks = kOC / 8 - kChunks;
+  if constexpr (kPadChunks > 0) {
+    for (int c = threadIdx.x; c < (kPrefillTileTokens + 2 * kSlots) * kPadChunks; c += kThreads) {
+      const int r = c / kPadChunks, chunk = kChunks + c % kPadChunks;
+      uint16_t* at = r < kPrefillTileTokens
+                         ? q_tile + operand_at<kPrefillTileTokens>(r, chunk)
+                         : k_tiles + (r - kPrefillTileTokens) / kSlots * kSlots * kOC +
+                               operand_at<kSlots>((r - kPrefillTileTokens) % kSlots, chunk);
+      *reinterpret_cast<uint4*>(at) = make_uint4(0, 0, 0, 0);
+    }
   }
   if (threadIdx.x < kPrefillTileTokens) {
     query_pos[threadIdx.x] = threadIdx.x < count ? a.positions[first + threadIdx.x] : INT_MIN;
   }
   __syncthreads();
-  if (threadIdx.x < count) {
-    atomicMax(&max_query_pos, query_pos[threadIdx.x]);
-    atomicMin(&min_query_pos, query_pos[threadIdx.x]);
-  }
+  if (threadIdx.x < count) atomicMax(&max_query_pos, query_pos[threadIdx.x]);
   __syncthreads();
 
+  // Each slot is copied by kSlotThreads threads, which look its page up once: one division and one
+  // table read per slot rather than per 16-byte chunk. A thread's chunks are kSlotThreads apart, so
+  // that each copy instruction reads whole 64-byte runs of its slots' rows, and odd slots take
+  // their runs in the other order, so that a quarter-warp's two slots write distinct banks.
+  constexpr int kSlotThreads = kThreads / kSlots;
+  constexpr int kSlotChunks = kChunks / kSlotThreads;
+  static_assert(kThreads % kSlots == 0 && kChunks % kSlotThreads == 0);
+  const int copy_slot = threadIdx.x / kSlotThreads, copy_part = threadIdx.x % kSlotThreads;
   const auto load_slots = [&](int stage, int step) {
-    for (int c = threadIdx.x; c < kSlots * kChunks; c += kThreads) {
-      const int r = c / kChunks, chunk = c % kChunks;
-      const int slot = step * kSlots + r;
-      const bool valid = slot < length;
-      const uint16_t* key =
-          kv.pool + (valid ? slot_key_offset(table, slot, kv.page_size, D) : 0) + chunk * 8;
-      const int at = stage * kSlots * D + swizzled<D>(r, chunk);
-      cp_async_16(shared_address(k_tiles + at), key, valid);
-      cp_async_16(shared_address(v_tiles + at), key + static_cast<int64_t>(kv.page_size) * D,
-                  valid);
+    const int slot = step * kSlots + copy_slot;
+    const bool valid = slot < length;
+    const SlotPlace place = valid ? slot_place(table, slot, kv.page_size, D) : SlotPlace{0, 0};
+    const uint16_t* key = kv.pool + place.key_offset;
+#pragma unroll
+    for (int j = 0; j < kSlotChunks; ++j) {
+      const int chunk = ((j ^ (copy_slot % 2)) % kSlotChunks) * kSlotThreads + copy_part;
+      cp_async_16(
+          shared_address(k_tiles + stage * kSlots * kOC + operand_at<kSlots>(copy_slot, chunk)),
+          key + chunk * 8, valid);
+      cp_async_16(
+          shared_address(v_tiles + stage * kSlots * kOC + operand_at<kSlots>(copy_slot, chunk)),
+          key + static_cast<int64_t>(kv.page_size) * D + chunk * 8, valid);
     }
-    if (threadIdx.x < kSlots) {
-      const int slot = step * kSlots + threadIdx.x;
-      slot_pos[stage][threadIdx.x] =
-          slot < length ? kv.meta[pool_row(table, slot, kv.page_size)].position : INT_MAX;
+    if (copy_part == 0) {
+      slot_pos[stage][copy_slot] = valid ? kv.meta[place.pool_row].position : INT_MAX;
     }
   };
 
   if (length > 0) load_slots(0, 0);
   cp_async_commit();
   // The slots after the last one any query of the tile sees take no steps. Slots need not be in
-  // position order (eviction moves rows), so every slot's position is read.
+  // position order (eviction moves rows), so every slot's position is read. A thread's slots are
+  // kThreads apart: its page and row step along with them, with no division per slot (a 4096-slot
+  // segment's scan took 16 per thread).
   {
     int last = -1;
+    const int page_step = kThreads / kv.page_size, row_step = kThreads % kv.page_size;
+    int page = threadIdx.x / kv.page_size, row = threadIdx.x % kv.page_size;
     for (int slot = threadIdx.x; slot < length; slot += kThreads) {
-      if (kv.meta[pool_row(table, slot, kv.page_size)].position <= max_query_pos) last = slot;
+      const int64_t at = static_cast<int64_t>(table[page]) * kv.page_size + row;
+      if (kv.meta[at].position <= max_query_pos) last = slot;
+      page += page_step;
+      row += row_step;
+      if (row >= kv.page_size) {
+        row -= kv.page_size;
+        ++page;
+      }
     }
     last = __reduce_max_sync(0xffffffffu, last);
     if (lane == 0) atomicMax(&last_visible_slot, last);
@@ -133,47 +168,72 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int row_base = warp * kWarpRows + lane / 4;
   constexpr int kRows = 2;  // this thread's query rows
   int pos[kRows];
+  // The warp's own query positions bound which steps it must mask; its warpgroup's (which
+  // multiplies S for all of its 64 rows at once) which steps it sees: on a tile's diagonal, the
+  // warpgroup of the earlier rows skips the steps of later slots.
+  int warp_min = INT_MAX;
 #pragma unroll
-  for (int i = 0; i < kRows; ++i) pos[i] = query_pos[row_base + 8 * i];
+  for (int i = 0; i < kRows; ++i) {
+    pos[i] = query_pos[row_base + 8 * i];
+    if (row_base + 8 * i < count) warp_min = min(warp_min, pos[i]);
+  }
+  warp_min = __reduce_min_sync(0xffffffffu, warp_min);
+  constexpr int kGroupRows = 64;  // rows of a warpgroup's S
+  static_assert(kThreads == 2 * 128 && kPrefillTileTokens == 2 * kGroupRows && kSlots == 64,
+                "two warpgroups of m64n64 products; each lane reads two rows' or slots' positions");
+  const int warpgroup = warp / 4;
+  const int group_max = __reduce_max_sync(  // INT_MIN past the tile's tokens
+      0xffffffffu,
+      max(query_pos[warpgroup * kGroupRows + lane], query_pos[warpgroup * kGroupRows + lane + 32]));
+  // The warpgroup's Q rows and the K stages as descriptors' start addresses, in bytes.
+  const uint32_t q_at = shared_address(q_tile + warpgroup * kGroupRows * kBlockCols);
+  const uint32_t k_at = shared_address(k_tiles), v_at = shared_address(v_tiles);
 
-  float o[D / 8][4] = {};
+  float o[kOC / 8][4] = {};  // head_dim 32: the first four blocks
+  float(&output)[kOC / 2] = reinterpret_cast<float(&)[kOC / 2]>(o);
   float m[kRows];
   float l[kRows] = {};
 #pragma unroll
   for (int i = 0; i < kRows; ++i) m[i] = -INFINITY;
   for (int step = 0; step < steps; ++step) {
     const int stage = step & 1;
+    // One barrier a step: after it this step's slots are in shared memory for every warp, and every
+    // warp is done with the other stage, which the next step's copies then fill.
+    cp_async_wait_all();
+    fence_proxy_async_shared();  // the copies (and Q's stores) seen by the tensor cores' reads
+    __syncthreads();
     if (step + 1 < steps) load_slots(stage ^ 1, step + 1);
     cp_async_commit();
-    cp_async_wait<1>();
-    // Slots all after every query of the tile (the causal upper triangle) cost no arithmetic;
-    // slots all before every query (below the diagonal) need no mask.
-    const bool in_step = threadIdx.x < kSlots;
-    const int slot_position = in_step ? slot_pos[stage][threadIdx.x] : INT_MAX;
-    const bool visible = __syncthreads_or(slot_position <= max_query_pos);
-    const bool unmasked = __syncthreads_and(!in_step || slot_position <= min_query_pos);
+    // Slots all after every query of the warpgroup (the causal upper triangle) cost it no
+    // arithmetic; slots all before every query of the warp (below the diagonal) need no mask.
+    const int first_position = slot_pos[stage][lane], second_position = slot_pos[stage][lane + 32];
+    const bool visible = __any_sync(0xffffffffu, min(first_position, second_position) <= group_max);
+    const bool unmasked = __all_sync(0xffffffffu, max(first_position, second_position) <= warp_min);
     if (visible) {
-      const uint16_t* k_tile = k_tiles + stage * kSlots * D;
-      const uint16_t* v_tile = v_tiles + stage * kSlots * D;
-      float s[kSlots / 8][4] = {};
+      const uint32_t k_stage = k_at + stage * kSlots * kOC * 2;
+      const uint32_t v_stage = v_at + stage * kSlots * kOC * 2;
+      float s[kSlots / 8][4];  // S, then P, of this step
+      float(&scores)[kSlots / 2] = reinterpret_cast<float(&)[kSlots / 2]>(s);
+      wgmma_fence();
 #pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks) {
-        // The warp's query rows as A fragments, read again at every step: held in registers
-        // through the loop they would not leave room for the accumulators.
-        uint32_t qf[4];
-        ldmatrix_x4(qf, shared_address(q_tile + swizzled<D>(warp * kWarpRows + lane % 16,
-                                                            ks * 2 + lane / 16)));
-#pragma unroll
-        for (int np = 0; np < kSlots / 16; ++np) {
-          uint32_t b[4];
-          ldmatrix_x4(b, shared_address(k_tile + swizzled<D>(np * 16 + lane % 8 + (lane / 16) * 8,
-                                                             ks * 2 + (lane / 8) % 2)));
-          mma_bf16_16816(s[2 * np], qf, b[0], b[1]);
-          mma_bf16_16816(s[2 * np + 1], qf, b[2], b[3]);
+      for (int ks = 0; ks < kOC / 16; ++ks) {
+        // k-step ks: column block ks / 4, 32 bytes into its rows per step within it.
+        const uint64_t q_desc =
+            wgmma_descriptor(q_at + (ks / 4) * kPrefillTileTokens * kBlockCols * 2 + (ks % 4) * 32);
+        const uint64_t k_desc =
+            wgmma_descriptor(k_stage + (ks / 4) * kSlots * kBlockCols * 2 + (ks % 4) * 32);
+        if (ks == 0) {
+          wgmma_m64n64k16_bf16<false>(scores, q_desc, k_desc);
+        } else {
+          wgmma_m64n64k16_bf16<true>(scores, q_desc, k_desc);
         }
       }
+      wgmma_commit();
+      // The K stage is copied into again after the next step's barrier: its reads end here.
+      wgmma_wait<0>();
+      wgmma_fence_operands(scores);
       // Scores stay unscaled until their exponent (scale_log2 > 0 keeps their order); a step
-      // with every slot before every query of the tile (most steps of a long prompt) needs no mask.
+      // with every slot before every query of the warp (most steps of a long prompt) needs no mask.
       if (!unmasked) {
 #pragma unroll
         for (int nt = 0; nt < kSlots / 8; ++nt) {
@@ -204,7 +264,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         const float new_max = fmaxf(m[i], tile_max);
         // A row that has seen nothing yet keeps exponent base 0, so that exp2 never sees inf - inf.
         base[i] = new_max == -INFINITY ? 0.0f : new_max * scale_log2;
-        correction[i] = exp2f(m[i] * scale_log2 - base[i]);
+        correction[i] = exp2_flush_subnormal(m[i] * scale_log2 - base[i]);
         grew |= new_max != m[i];
         m[i] = new_max;
         l[i] *= correction[i];
@@ -214,7 +274,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
         for (int i = 0; i < kRows; ++i) {
 #pragma unroll
-          for (int dt = 0; dt < D / 8; ++dt) {
+          for (int dt = 0; dt < kOC / 8; ++dt) {
             o[dt][i * 2] *= correction[i];
             o[dt][i * 2 + 1] *= correction[i];
           }
@@ -224,30 +284,40 @@ __global__ void __launch_bounds__(kThreads, 2)
       for (int nt = 0; nt < kSlots / 8; ++nt) {
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
-          s[nt][c] = exp2f(fmaf(s[nt][c], scale_log2, -base[c / 2]));
+          s[nt][c] = exp2_flush_subnormal(fmaf(s[nt][c], scale_log2, -base[c / 2]));
           l[c / 2] += s[nt][c];
         }
       }
+      uint32_t p[kSlots / 16][4];  // P as the A fragments of the k-steps of O += PV
 #pragma unroll
       for (int kk = 0; kk < kSlots / 16; ++kk) {
-        const uint32_t p[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]),
-                               pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                               pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                               pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+        p[kk][0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+        p[kk][1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+        p[kk][2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        p[kk][3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      }
+      wgmma_fence_operands(output);
+      wgmma_fence();
 #pragma unroll
-        for (int dp = 0; dp < D / 16; ++dp) {
-          uint32_t b[4];
-          ldmatrix_x4_trans(
-              b, shared_address(v_tile + swizzled<D>(kk * 16 + lane % 8 + ((lane / 8) % 2) * 8,
-                                                     dp * 2 + lane / 16)));
-          mma_bf16_16816(o[2 * dp], p, b[0], b[1]);
-          mma_bf16_16816(o[2 * dp + 1], p, b[2], b[3]);
+      for (int kk = 0; kk < kSlots / 16; ++kk) {
+        // k-step kk: slots 16 kk .. 16 kk + 15, two of V's 8-row atoms.
+        const uint64_t v_desc =
+            wgmma_descriptor_n_major(v_stage + kk * 16 * kBlockCols * 2, kSlots * kBlockCols * 2);
+        if constexpr (kOC == 128) {
+          wgmma_m64n128k16_bf16_n_major(output, p[kk], v_desc);
+        } else {
+          wgmma_m64n64k16_bf16_n_major(output, p[kk], v_desc);
         }
       }
+      wgmma_commit();
+      // The V stage is copied into again after the next step's barrier, and P's registers are
+      // free again: the product's reads end here.
+      wgmma_wait<0>();
+      wgmma_fence_operands(output);
+      wgmma_fence_operands(reinterpret_cast<uint32_t(&)[kSlots / 4]>(p));
     }
-    __syncthreads();
   }
-  cp_async_wait_all();
+  cp_async_wait_all();  // a tile that sees no slot still has its first copies in flight
 
 #pragma unroll
   for (int i = 0; i < kRows; ++i) {
