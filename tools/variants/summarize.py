@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Tables from what `device-job.sh time MODEL` wrote to $OUT, for docs/BENCHMARKS.md.
+"""Tables from what `tools/variants/job.sh time MODEL` wrote to $OUT, for docs/BENCHMARKS.md.
 
-  docs/results/session20-cpu/summarize.py OUT_DIR
+  tools/variants/summarize.py OUT_DIR
 
 For each model: the prompt's milliseconds of every round per variant, their median, its ratio to
-base's median and the TFLOP/s at the median; then each batch-1 decode step with its share of the
-datasheet floor. A variant whose JSON is missing or unreadable is listed with the reason.
+base's median and the TFLOP/s at the median; then each variant's batch-1 step per round, median, ratio to base and
+share of the datasheet floor. A variant whose JSON is missing or unreadable is listed with the reason.
 """
 import glob
 import json
@@ -58,23 +58,32 @@ def main():
             rounds = " / ".join(f"{p['ms']:.2f}" for p in ok)
             print(f"| {variant} | {rounds} | {median:.2f} | {ratio} | "
                   f"{ok[0]['flops'] / median / 1e9:.1f} |")
-    decodes = sorted(glob.glob(os.path.join(out, "decode-*-*.json")))
-    if decodes:
-        print("\nbatch-1 decode:\n")
-        print("| model | variant | ms / step | Roofline ms | % of floor |")
-        print("| --- | --- | ---: | ---: | ---: |")
-    for path in decodes:
-        m = re.match(r"decode-(.+)-([a-z]+)\.json$", os.path.basename(path))
+    decodes = {}  # (model, variant) -> [(round, json or None, error)]
+    for path in sorted(glob.glob(os.path.join(out, "decode-*-*.json"))):
+        m = re.match(r"decode-(.+)-([a-z]+)(?:-(\d+))?\.json$", os.path.basename(path))
         if not m:
             continue
         data, error = load(path)
-        if data is None:
-            print(f"| {m.group(1)} | {m.group(2)} | failed: {error} | | |")
+        decodes.setdefault((m.group(1), m.group(2)), []).append((int(m.group(3) or 1), data, error))
+    if decodes:
+        print("\nbatch-1 decode:\n")
+        print("| model | variant | ms / step per round | median ms | vs base | Roofline ms | % of floor |")
+        print("| --- | --- | --- | ---: | ---: | ---: | ---: |")
+    medians = {}
+    for (model, variant), runs in sorted(decodes.items(), key=lambda kv: kv[0][1] != "base"):
+        ok = [d["decode"][0] for _, d, _ in sorted(runs, key=lambda r: r[0]) if d and d.get("decode")]
+        if not ok:
+            errors = [e for _, d, e in runs if d is None]
+            print(f"| {model} | {variant} | failed: {errors[0] if errors else 'no decode'} | | | | |")
             continue
-        for row in data["decode"]:
-            print(f"| {m.group(1)} | {m.group(2)} | {row['step_ms']:.3f} | "
-                  f"{row['predicted_ms']:.3f} | {100 * row['fraction_of_floor']:.0f}% |")
-
+        median = statistics.median(r["step_ms"] for r in ok)
+        medians[(model, variant)] = median
+        base = medians.get((model, "base"))
+        ratio = f"{median / base:.3f}" if base else ""
+        rounds = " / ".join(f"{r['step_ms']:.3f}" for r in ok)
+        floor_ms = ok[0]["step_ms"] * ok[0]["fraction_of_floor"]
+        print(f"| {model} | {variant} | {rounds} | {median:.3f} | {ratio} | "
+              f"{ok[0]['predicted_ms']:.3f} | {100 * floor_ms / median:.0f}% |")
 
 if __name__ == "__main__":
     main()

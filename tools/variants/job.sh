@@ -1,0 +1,88 @@
+#!/bin/bash
+# Tests and times, on the GPU machine, what tools/variants/build.sh built (build-next/ carried):
+#   tools/variants/job.sh check          # ldgsts miscompile check; the CUDA suite on every variant
+#   tools/variants/job.sh sanitize       # racecheck and memcheck on $FILTER (default: the suite)
+#   tools/variants/job.sh time MODEL     # 4k-token prompts, then batch-1 steps at context 4k,
+#                                        # the variants alternating twice
+#   tools/variants/job.sh trace MODEL    # base's kernel timelines of a prompt and of decode steps
+# MODEL: a directory of tests/fixtures/configs (qwen3-30b-a3b, olmoe-1b-7b, mixtral-8x7b). VARIANTS
+# (default: base and every variant built) picks and orders them. Results go to $OUT;
+# tools/variants/summarize.py turns them into tables.
+set -u
+B=build-next
+R=$B/device-all/run.sh
+P=$B/device-all/devpack
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export PATH=/usr/local/cuda/bin:$PATH
+$R true
+built="base $(cd $B && ls -d */ | tr -d / | grep -v '^device-all$' | tr '\n' ' ')"
+variants=${VARIANTS:-$built}
+bin() {  # VARIANT NAME: the variant's binary, unpacked on first use
+  if [ "$1" = base ]; then echo "$P/$2"; return; fi
+  [ -x "$B/$1/$2" ] || { xz -dc "$B/$1/$2.xz" > "$B/$1/$2" && chmod +x "$B/$1/$2"; }
+  echo "$B/$1/$2"
+}
+model_args() {  # MODEL: the bench arguments of a full-size model with random weights
+  echo "--model tests/fixtures/configs/$1/config.json --random-weights 1 --batch 1 --budgets 1 --json"
+}
+prompt_tokens() { if [ "$1" = olmoe-1b-7b ]; then echo 4000; else echo 4096; fi; }
+
+case "${1:-}" in
+check)
+  for v in $variants; do
+    echo "$v: $(python3 tools/check_ldgsts_registers.py "$(bin $v ekva)" "$(bin $v test_backend_cuda)" 2>&1 | tr '\n' ' ')"
+    $R "$(bin $v test_backend_cuda)" --gtest_filter="${FILTER:-*}" > "$OUT/suite-$v.txt" 2>&1
+    echo "$v: $(tail -1 "$OUT/suite-$v.txt")"
+  done | tee "$OUT/check.txt"
+  ;;
+sanitize)
+  v=${VARIANT:-base}
+  for tool in racecheck memcheck; do
+    $R compute-sanitizer --tool $tool --error-exitcode 1 "$(bin $v test_backend_cuda)" \
+      --gtest_filter="${FILTER:-*}" > "$OUT/$tool-$v.txt" 2>&1
+    echo "$tool $v: exit $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$tool-$v.txt" | tr '\n' ' ')"
+  done
+  ;;
+time)
+  m=${2:?time needs a model directory of tests/fixtures/configs}
+  n=$(prompt_tokens "$m")
+  for round in 1 2; do
+    for v in $variants; do
+      $R "$(bin $v ekva)" bench $(model_args "$m") --context 16 --steps 3 --warmup 1 --prompt $n \
+        > "$OUT/prompt-$m-$v-$round.json" 2> "$OUT/prompt-$m-$v-$round.err"
+      echo "prompt $m $v $round: $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["prefill"]["ms"])' "$OUT/prompt-$m-$v-$round.json" 2>&1)"
+    done
+  done
+  for round in 1 2; do
+    for v in $variants; do
+      $R "$(bin $v ekva)" bench $(model_args "$m") --context $n --steps 10 --warmup 2 \
+        > "$OUT/decode-$m-$v-$round.json" 2> "$OUT/decode-$m-$v-$round.err"
+      echo "decode $m $v $round: $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["decode"][0]["step_ms"])' "$OUT/decode-$m-$v-$round.json" 2>&1)"
+    done
+  done
+  ;;
+trace)
+  m=${2:?trace needs a model directory of tests/fixtures/configs}
+  n=$(prompt_tokens "$m")
+  layers=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["num_hidden_layers"])' \
+    tests/fixtures/configs/$m/config.json)
+  cuda_lib=$(dirname "$(readlink -f "$(command -v nvcc)")")/../lib64
+  trace() {  # NAME BENCH-ARGS...: a traced bench run and its per-layer summary
+    local name=$1
+    shift
+    CUDA_INJECTION64_PATH=$P/libekva_kernel_trace.so EKVA_KERNEL_TRACE=/tmp/trace-$name.csv \
+      LD_LIBRARY_PATH=$cuda_lib:${LD_LIBRARY_PATH:-} $R "$P/ekva" bench $(model_args "$m") "$@" \
+      > "$OUT/trace-$name.json" 2> "$OUT/trace-$name.err"
+    python3 tools/kernel_trace_summary.py /tmp/trace-$name.csv --layers "$layers" \
+      > "$OUT/trace-$name.txt" 2>&1
+    gzip -c /tmp/trace-$name.csv > "$OUT/trace-$name.csv.gz"
+  }
+  trace "$m-prompt" --context 16 --steps 3 --warmup 1 --prompt $n
+  trace "$m-decode" --context $n --steps 10 --warmup 2
+  ;;
+*)
+  echo "usage: $0 check|sanitize|time MODEL|trace MODEL" >&2
+  exit 2
+  ;;
+esac
