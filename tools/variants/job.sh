@@ -5,6 +5,8 @@
 #   tools/variants/job.sh time MODEL     # 4k-token prompts, then batch-1 steps at context 4k,
 #                                        # the variants alternating twice
 #   tools/variants/job.sh trace MODEL    # base's kernel timelines of a prompt and of decode steps
+#   tools/variants/job.sh ncu MODEL REGEX  # Nsight Compute's full set on base's prompt kernels
+#                                        # matching REGEX (the 41st launch: a layer mid-model)
 # MODEL: a directory of tests/fixtures/configs (qwen3-30b-a3b, olmoe-1b-7b, mixtral-8x7b). VARIANTS
 # (default: base and every variant built) picks and orders them. Results go to $OUT;
 # tools/variants/summarize.py turns them into tables.
@@ -81,8 +83,16 @@ trace)
   trace "$m-prompt" --context 16 --steps 3 --warmup 1 --prompt $n
   trace "$m-decode" --context $n --steps 10 --warmup 2
   ;;
+ncu)
+  m=${2:?ncu needs a model directory of tests/fixtures/configs}
+  k=${3:?ncu needs a kernel name regex}
+  $R ncu --set full --clock-control none --kernel-name "regex:$k" --launch-skip 40 --launch-count 1 \
+    -o "$OUT/ncu-$m-$k" "$P/ekva" bench $(model_args "$m") --context 16 --steps 1 --warmup 0 \
+    --prompt "$(prompt_tokens "$m")" > "$OUT/ncu-$m-$k.log" 2>&1
+  $R ncu --import "$OUT/ncu-$m-$k.ncu-rep" --page details > "$OUT/ncu-$m-$k.txt" 2>&1
+  ;;
 *)
-  echo "usage: $0 check|sanitize|time MODEL|trace MODEL" >&2
+  echo "usage: $0 check|sanitize|time MODEL|trace MODEL|ncu MODEL REGEX" >&2
   exit 2
   ;;
 esac
