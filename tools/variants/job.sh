@@ -5,6 +5,8 @@
 #   tools/variants/job.sh time MODEL     # 4k-token prompts, then batch-1 steps at context 4k,
 #                                        # the variants alternating twice
 #   tools/variants/job.sh trace MODEL    # base's kernel timelines of a prompt and of decode steps
+#   tools/variants/job.sh kernels MODEL  # each variant's prompt per kernel (Nsight Compute's
+#                                        # durations, tools/ncu_summary.py)
 #   tools/variants/job.sh ncu MODEL REGEX  # Nsight Compute's full set on base's prompt kernels
 #                                        # matching REGEX (the 41st launch: a layer mid-model)
 # MODEL: a directory of tests/fixtures/configs (qwen3-30b-a3b, olmoe-1b-7b, mixtral-8x7b). VARIANTS
@@ -83,6 +85,19 @@ trace)
   trace "$m-prompt" --context 16 --steps 3 --warmup 1 --prompt $n
   trace "$m-decode" --context $n --steps 10 --warmup 2
   ;;
+kernels)
+  m=${2:?kernels needs a model directory of tests/fixtures/configs}
+  layers=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["num_hidden_layers"])' \
+    tests/fixtures/configs/$m/config.json)
+  for v in $variants; do
+    $R ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
+      "$(bin $v ekva)" bench $(model_args "$m") --context 16 --steps 1 --warmup 0 \
+      --prompt "$(prompt_tokens "$m")" > /tmp/kernels-$m-$v.csv 2> "$OUT/kernels-$m-$v.err"
+    python3 tools/ncu_summary.py /tmp/kernels-$m-$v.csv --layers "$layers" --skip fill_random \
+      > "$OUT/kernels-$m-$v.txt" 2>&1
+    head -12 "$OUT/kernels-$m-$v.txt"
+  done
+  ;;
 ncu)
   m=${2:?ncu needs a model directory of tests/fixtures/configs}
   k=${3:?ncu needs a kernel name regex}
@@ -92,7 +107,7 @@ ncu)
   $R ncu --import "$OUT/ncu-$m-$k.ncu-rep" --page details > "$OUT/ncu-$m-$k.txt" 2>&1
   ;;
 *)
-  echo "usage: $0 check|sanitize|time MODEL|trace MODEL|ncu MODEL REGEX" >&2
+  echo "usage: $0 check|sanitize|time MODEL|trace MODEL|kernels MODEL|ncu MODEL REGEX" >&2
   exit 2
   ;;
 esac
