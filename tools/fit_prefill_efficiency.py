@@ -47,18 +47,20 @@ def main():
         roof = max(r["compute_time_s"], r["memory_time_s"]) * e
         per_layer[r["operator"]][0] += roof * 1e6 / layers
         per_layer[r["operator"]][1] += r["latency_s"] * 1e6 / layers
-    kernels = {}
+    # A list, not a dict: the listing may hold one name on several lines (launches of different
+    # grids), each of which counts.
+    kernels = []
     for line in open(args.kernels):
         m = LINE.match(line)
         if m:
-            kernels[m.group(2).strip()] = float(m.group(1))
+            kernels.append((m.group(2).strip(), float(m.group(1))))
     if not kernels:
         sys.exit(f"{args.kernels}: no per-layer kernel lines of tools/ncu_summary.py")
     table = {}
     for group, (rows, names) in GROUPS.items():
         roof = sum(per_layer[r][0] for r in rows)
         latency = sum(per_layer[r][1] for r in rows)
-        measured = sum(us for name, us in kernels.items() if any(n in name for n in names))
+        measured = sum(us for name, us in kernels if any(n in name for n in names))
         if measured <= latency:
             print(f"{group}: no kernel time measured beyond the latencies; left out")
             continue
