@@ -3,8 +3,7 @@
 // query rows, 64 slots per step with an online softmax (S = QK^T and O = PV on the warpgroup MMA,
 // Q, K and V from shared memory, P from registers; bf16 with fp32 accumulators),
 // the next slots' K and V copied into shared memory while the current ones are multiplied. Causal
-// by each slot's stored position, as paged_attention. The kernel is bound by the instructions it
-// issues, not by the tensor cores or shared memory: steps below the diagonal skip the mask, and a
+// by each slot's stored position, as paged_attention. Steps below the diagonal skip the mask, and a
 // row's output is rescaled only when its maximum grows.
 #include <cuda_bf16.h>
 
@@ -21,9 +20,7 @@
 namespace ekva::cuda {
 namespace {
 
-// Query rows per warp: one 16-row fragment. Two (each K and V fragment read from shared memory
-// once for both) take registers that leave a quarter of the warps, which the issue-bound loop
-// needs more (docs/BENCHMARKS.md, session 16).
+// Query rows per warp: a warpgroup's m64 products hold 16 rows in each of its four warps.
 constexpr int kWarpRows = 16;
 constexpr int kThreads = 32 * kPrefillTileTokens / kWarpRows;
 constexpr int kSlots = 64;  // per step of the slot loop
