@@ -175,6 +175,29 @@ template <int Pending>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(Pending) : "memory");
 }
+// The accumulator operands of a wgmma: d[0 .. N) with the constraint `mod` ("+f" to accumulate,
+// "=f" to only write), and their place-holders in the instruction, %0 .. %(N - 1).
+#define EKVA_WGMMA_D32(mod)                                                               \
+  mod(d[0]), mod(d[1]), mod(d[2]), mod(d[3]), mod(d[4]), mod(d[5]), mod(d[6]), mod(d[7]), \
+      mod(d[8]), mod(d[9]), mod(d[10]), mod(d[11]), mod(d[12]), mod(d[13]), mod(d[14]),   \
+      mod(d[15]), mod(d[16]), mod(d[17]), mod(d[18]), mod(d[19]), mod(d[20]), mod(d[21]), \
+      mod(d[22]), mod(d[23]), mod(d[24]), mod(d[25]), mod(d[26]), mod(d[27]), mod(d[28]), \
+      mod(d[29]), mod(d[30]), mod(d[31])
+#define EKVA_WGMMA_D64(mod)                                                                    \
+  EKVA_WGMMA_D32(mod), mod(d[32]), mod(d[33]), mod(d[34]), mod(d[35]), mod(d[36]), mod(d[37]), \
+      mod(d[38]), mod(d[39]), mod(d[40]), mod(d[41]), mod(d[42]), mod(d[43]), mod(d[44]),      \
+      mod(d[45]), mod(d[46]), mod(d[47]), mod(d[48]), mod(d[49]), mod(d[50]), mod(d[51]),      \
+      mod(d[52]), mod(d[53]), mod(d[54]), mod(d[55]), mod(d[56]), mod(d[57]), mod(d[58]),      \
+      mod(d[59]), mod(d[60]), mod(d[61]), mod(d[62]), mod(d[63])
+#define EKVA_WGMMA_R32                                                                          \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define EKVA_WGMMA_R64                                                                          \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "  \
+  "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "  \
+  "%56, %57, %58, %59, %60, %61, %62, %63}"
+
 // d[64 x 128] += a[64 x 16] * b[16 x 128]: a and b K-major in shared memory (descriptors), bf16,
 // fp32 accumulators laid out as mma_bf16_16816's over 16 column blocks of 8: warp w of the
 // warpgroup holds rows 16w + lane / 4 (+ 8 for d[4i + 2], d[4i + 3]) and columns 8i + 2 (lane % 4)
@@ -184,64 +207,35 @@ __device__ __forceinline__ void wgmma_m64n128k16_bf16(float (&d)[64], uint64_t a
       "{\n"
       ".reg .pred accumulate;\n"
       "setp.ne.b32 accumulate, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
-      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
-      "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
-      "%56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, accumulate, 1, 1, 0, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " EKVA_WGMMA_R64
+      ", %64, %65, accumulate, 1, 1, 0, 0;\n"
       "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
-        "+f"(d[63])
+      : EKVA_WGMMA_D64("+f")
       : "l"(a), "l"(b), "r"(1));
 }
 
 // d[64 x 64] (+)= a[64 x 16] * b[16 x 64], as wgmma_m64n128k16_bf16 over 8 column blocks; without
 // Accumulate, d is only written (no zeroing before a product's first k-step, and d's old values
 // need not stay live).
+#define EKVA_WGMMA_M64N64K16(mod, accumulate)                                \
+  asm volatile(                                                              \
+      "{\n"                                                                  \
+      ".reg .pred accumulate;\n"                                             \
+      "setp.ne.b32 accumulate, %34, 0;\n"                                    \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " EKVA_WGMMA_R32 \
+      ", %32, %33, accumulate, 1, 1, 0, 0;\n"                                \
+      "}\n"                                                                  \
+      : EKVA_WGMMA_D32(mod)                                                  \
+      : "l"(a), "l"(b), "r"(accumulate))
 template <bool Accumulate>
 __device__ __forceinline__ void wgmma_m64n64k16_bf16(float (&d)[32], uint64_t a, uint64_t b) {
   if constexpr (Accumulate) {
-    asm volatile(
-        "{\n"
-        ".reg .pred accumulate;\n"
-        "setp.ne.b32 accumulate, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "
-        "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, accumulate, "
-        "1, 1, 0, 0;\n"
-        "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-          "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-          "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-          "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(a), "l"(b), "r"(1));
+    EKVA_WGMMA_M64N64K16("+f", 1);
   } else {
-    asm volatile(
-        "{\n"
-        ".reg .pred accumulate;\n"
-        "setp.ne.b32 accumulate, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "
-        "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, accumulate, "
-        "1, 1, 0, 0;\n"
-        "}\n"
-        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]),
-          "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]),
-          "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]),
-          "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]),
-          "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31])
-        : "l"(a), "l"(b), "r"(0));
+    EKVA_WGMMA_M64N64K16("=f", 0);
   }
 }
+#undef EKVA_WGMMA_M64N64K16
 
 // d[64 x 64] += a[64 x 16] * b[16 x 64] and d[64 x 128] += a[64 x 16] * b[16 x 128], a from
 // registers (each warp its 16 rows, laid out as mma_bf16_16816's A fragment), b N-major in shared
@@ -252,16 +246,10 @@ __device__ __forceinline__ void wgmma_m64n64k16_bf16_n_major(float (&d)[32], con
       "{\n"
       ".reg .pred accumulate;\n"
       "setp.ne.b32 accumulate, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
-      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, "
-      "accumulate, 1, 1, 1;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " EKVA_WGMMA_R32
+      ", {%32, %33, %34, %35}, %36, accumulate, 1, 1, 1;\n"
       "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : EKVA_WGMMA_D32("+f")
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
 }
 __device__ __forceinline__ void wgmma_m64n128k16_bf16_n_major(float (&d)[64],
@@ -270,24 +258,16 @@ __device__ __forceinline__ void wgmma_m64n128k16_bf16_n_major(float (&d)[64],
       "{\n"
       ".reg .pred accumulate;\n"
       "setp.ne.b32 accumulate, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
-      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
-      "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
-      "%56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, accumulate, 1, 1, 1;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " EKVA_WGMMA_R64
+      ", {%64, %65, %66, %67}, %68, accumulate, 1, 1, 1;\n"
       "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
-        "+f"(d[63])
+      : EKVA_WGMMA_D64("+f")
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
 }
+#undef EKVA_WGMMA_D32
+#undef EKVA_WGMMA_D64
+#undef EKVA_WGMMA_R32
+#undef EKVA_WGMMA_R64
 
 // Two floats as a bf16 pair, lo in the low half (the lower column of a fragment).
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
