@@ -4,12 +4,12 @@
 # "base" variant) and, for each NAME=DIFF[+DIFF...] argument, the checked-out source with those
 # diffs applied in order: its ekva and test_backend_cuda (stripped, xz) in build-next/NAME/.
 #   tools/variants/build.sh append=docs/results/session18-h200/append-kv-warp-per-token.diff
-# Needs a clean src/ (the diffs are applied to it and taken back off); builds in build-var/.
+# Needs clean src/ and tests/ (the diffs are applied to them and taken back off); builds in build-var/.
 # build-next/ is ignored by git; a device call carries it (carry: ["build-next"]) beside the tree.
 set -euo pipefail
 root=$(git rev-parse --show-toplevel)
 cd "$root"
-git diff --quiet -- src || { echo "src/ has changes: commit or stash them first" >&2; exit 1; }
+git diff --quiet -- src tests || { echo "src/ or tests/ has changes: commit or stash them first" >&2; exit 1; }
 for spec in "$@"; do
   [[ $spec == *=* ]] || { echo "not NAME=DIFF[+DIFF...]: $spec" >&2; exit 2; }
   IFS=+ read -ra files <<< "${spec#*=}"
@@ -21,7 +21,7 @@ rm -rf build-next && mkdir -p build-next
 ninja -C build-var ekva test_backend_cuda cuda_decode_attention_bench ekva_kernel_trace
 scripts/device-pack.sh build-var
 mv build-var/device-all build-next/
-trap 'git checkout -- src' EXIT
+trap 'git checkout -- src tests' EXIT
 for spec in "$@"; do
   name=${spec%%=*}
   IFS=+ read -ra files <<< "${spec#*=}"
@@ -32,6 +32,6 @@ for spec in "$@"; do
     strip -o build-next/$name/$(basename $b) build-var/$b
     xz -9 -T2 build-next/$name/$(basename $b)
   done
-  git checkout -- src
+  git checkout -- src tests
 done
 du -sh build-next
