@@ -3,7 +3,7 @@
 #   tools/variants/job.sh check          # ldgsts miscompile check; the CUDA suite on every variant
 #   tools/variants/job.sh sanitize       # racecheck and memcheck on $FILTER (default: the suite)
 #   tools/variants/job.sh time MODEL     # 4k-token prompts, then batch-1 steps at context 4k,
-#                                        # the variants alternating twice
+#                                        # the variants alternating twice (DECODE=0: prompts only)
 #   tools/variants/job.sh trace MODEL    # base's kernel timelines of a prompt and of decode steps
 #   tools/variants/job.sh kernels MODEL  # each variant's prompt per kernel (Nsight Compute's
 #                                        # durations, tools/ncu_summary.py)
@@ -58,6 +58,7 @@ time)
       echo "prompt $m $v $round: $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["prefill"]["ms"])' "$OUT/prompt-$m-$v-$round.json" 2>&1)"
     done
   done
+  [ "${DECODE:-1}" = 0 ] && exit 0
   for round in 1 2; do
     for v in $variants; do
       $R "$(bin $v ekva)" bench $(model_args "$m") --context $n --steps 10 --warmup 2 \
