@@ -3,7 +3,8 @@
 #   tools/variants/job.sh check          # ldgsts miscompile check; the CUDA suite on every variant
 #   tools/variants/job.sh sanitize       # racecheck and memcheck on $FILTER (default: the suite)
 #   tools/variants/job.sh time MODEL     # 4k-token prompts, then batch-1 steps at context 4k,
-#                                        # the variants alternating twice (DECODE=0: prompts only)
+#                                        # the variants alternating twice (DECODE=0: prompts only;
+#                                        # PROMPTS=0: steps only)
 #   tools/variants/job.sh trace MODEL    # base's kernel timelines of a prompt and of decode steps
 #   tools/variants/job.sh kernels MODEL  # each variant's prompt per kernel (Nsight Compute's
 #                                        # durations, tools/ncu_summary.py)
@@ -51,7 +52,7 @@ sanitize)
 time)
   m=${2:?time needs a model directory of tests/fixtures/configs}
   n=$(prompt_tokens "$m")
-  for round in 1 2; do
+  for round in $([ "${PROMPTS:-1}" = 0 ] || echo 1 2); do
     for v in $variants; do
       $R "$(bin $v ekva)" bench $(model_args "$m") --context 16 --steps 3 --warmup 1 --prompt $n \
         > "$OUT/prompt-$m-$v-$round.json" 2> "$OUT/prompt-$m-$v-$round.err"
