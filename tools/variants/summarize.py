@@ -2,6 +2,8 @@
 """Tables from what `tools/variants/job.sh time MODEL` wrote to $OUT, for docs/BENCHMARKS.md.
 
   tools/variants/summarize.py OUT_DIR
+  tools/variants/summarize.py OUT_DIR --faster MODEL   # the variants whose median prompt is
+                                                       # under 99% of base's, space-separated
 
 For each model: the prompt's milliseconds of every round per variant, their median, its ratio to
 base's median and the TFLOP/s at the median; then each variant's batch-1 step per round, median, ratio to base and
@@ -24,8 +26,8 @@ def load(path):
 
 
 def main():
-    if len(sys.argv) != 2:
-        sys.exit("usage: summarize.py OUT_DIR")
+    if len(sys.argv) not in (2, 4) or (len(sys.argv) == 4 and sys.argv[2] != "--faster"):
+        sys.exit("usage: summarize.py OUT_DIR [--faster MODEL]")
     out = sys.argv[1]
     if not os.path.isdir(out):
         sys.exit(f"summarize.py: {out} is not a directory")
@@ -33,12 +35,19 @@ def main():
         sys.exit(f"summarize.py: {out} holds no prompt-*.json or decode-*.json")
     prompts = {}  # model -> variant -> [(round, json or None, error)]
     for path in sorted(glob.glob(os.path.join(out, "prompt-*-*.json"))):
-        m = re.match(r"prompt-(.+)-([a-z]+)-(\d+)\.json$", os.path.basename(path))
+        m = re.match(r"prompt-(.+)-([a-z][a-z0-9]*)-(\d+)\.json$", os.path.basename(path))
         if not m:
             continue
         data, error = load(path)
         prompts.setdefault(m.group(1), {}).setdefault(m.group(2), []).append(
             (int(m.group(3)), data, error))
+    if len(sys.argv) == 4:
+        medians = {v: statistics.median(d["prefill"]["ms"] for _, d, _ in runs if d and d.get("prefill"))
+                   for v, runs in prompts.get(sys.argv[3], {}).items()
+                   if any(d and d.get("prefill") for _, d, _ in runs)}
+        base = medians.get("base")
+        print(" ".join(v for v, ms in medians.items() if base and v != "base" and ms < 0.99 * base))
+        return
     for model, variants in sorted(prompts.items()):
         print(f"\n{model}, prompt:\n")
         print("| variant | ms per round | median ms | vs base | TFLOP/s |")
@@ -60,7 +69,7 @@ def main():
                   f"{ok[0]['flops'] / median / 1e9:.1f} |")
     decodes = {}  # (model, variant) -> [(round, json or None, error)]
     for path in sorted(glob.glob(os.path.join(out, "decode-*-*.json"))):
-        m = re.match(r"decode-(.+)-([a-z]+)(?:-(\d+))?\.json$", os.path.basename(path))
+        m = re.match(r"decode-(.+)-([a-z][a-z0-9]*)(?:-(\d+))?\.json$", os.path.basename(path))
         if not m:
             continue
         data, error = load(path)
