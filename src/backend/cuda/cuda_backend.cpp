@@ -499,7 +499,8 @@ void CudaBackend::grouped_experts(int layer, int n, const int32_t* experts, cons
   // experts' outputs, which then take no kernels of their own; wide groups' gate-and-up product
   // applies the SwiGLU too.
   const bool one_token = n == 1;
-  const bool fused_swiglu = one_token || moe_group_tokens(n, k, E) == kWideGroupTokens;
+  const bool wide = moe_group_tokens(n, k, E) == kWideGroupTokens;
+  const bool fused_swiglu = one_token || wide;
   const int disabled = disabled_.first == layer ? disabled_.second : -1;
   uint16_t* h = scratch(hidden_bf16_, pairs * inter);
   GroupedGemm up;
@@ -520,6 +521,13 @@ void CudaBackend::grouped_experts(int layer, int n, const int32_t* experts, cons
   down.in_cols = inter;
   if (one_token && combined_gemv_supported(n, k)) {
     grouped_gemm_combined(down, p, k, disabled, delta, stream_);
+    return;
+  }
+  if (wide) {  // y's floats hold the bf16 rows twice over
+    down.out = nullptr;
+    down.out_bf16 = reinterpret_cast<uint16_t*>(y);
+    product(down);
+    combine_pairs(down.out_bf16, p, n, k, hidden, disabled, delta, stream_);
     return;
   }
   product(down);

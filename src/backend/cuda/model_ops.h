@@ -176,6 +176,10 @@ struct GroupedGemm {
   // not written: swiglu_out [pairs, out_rows / 2]
   // gets bf16(silu(gate) * up) of the two halves of the output rows, as silu_mul forms it.
   uint16_t* swiglu_out = nullptr;
+  // When set (groups of kWideGroupTokens), out is not written: out_bf16 [pairs, out_rows] gets the
+  // output rows rounded to bf16, as the model's own bf16 expert outputs are: a prompt's down
+  // product, whose rows combine_pairs reads back, moves half the bytes each way.
+  uint16_t* out_bf16 = nullptr;
 };
 bool grouped_gemm_supported(int in_cols, int num_experts);
 // y[n, out_rows] = x[n, in_cols] · Wᵀ (bf16 inputs, float32 y) for at most kMaxGroupedTokens rows
@@ -199,6 +203,8 @@ void grouped_gemm_combined(const GroupedGemm& gemm, const MoePairs& pairs, int t
 // out[t] = the sum of gate * y[pair] over token t's pairs in ascending expert order, skipping
 // disabled_expert (-1: none). Top-k of 1 to 32, as route_tokens takes.
 void combine_pairs(const float* y, const MoePairs& pairs, int n, int top_k, int hidden,
+                   int disabled_expert, float* out, cudaStream_t stream);
+void combine_pairs(const uint16_t* y, const MoePairs& pairs, int n, int top_k, int hidden,
                    int disabled_expert, float* out, cudaStream_t stream);
 
 // out[r] = the lowest id among the largest entries of logits row r ([rows, vocab]), or -1 - e when

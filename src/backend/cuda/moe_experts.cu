@@ -19,54 +19,104 @@ namespace {
 constexpr int kSortThreads = 1024;
 constexpr int kSortWarps = kSortThreads / 32;
 constexpr int kSortRoundsAhead = 8;  // rounds of a warp's experts loaded before any is placed
+constexpr int kSortCtaPairs = 4096;  // pairs per CTA at least, where a step has several
+constexpr int kSortMaxCtas = 32;
 
-// One CTA: a stable counting sort of the pairs by expert. Warp w takes the w-th of kSortWarps runs
-// of consecutive pairs. The warps count their runs' pairs per expert; a scan over (expert, warp)
+// A stable counting sort of the pairs by expert over gridDim.x CTAs, CTA b taking the b-th of
+// gridDim.x runs of consecutive pairs and its warp w the w-th of kSortWarps runs of the CTA's. The
+// warps count their runs' pairs per expert; with more than one CTA, sort_count_kernel has stored
+// each CTA's counts (`cta_counts`, [CTA][expert]) and a CTA's first slot for an expert is the
+// pairs of lower experts plus those of the expert in the CTAs before it. A scan over (expert, warp)
 // gives each warp its first slot for each expert; each warp then places its run 32 pairs a round,
 // a pair's slot being its warp's next slot for its expert plus the pairs of that expert before it
 // in the round (matched within the warp). The rounds need no CTA barrier, and a warp loads
 // kSortRoundsAhead rounds' experts before counting or placing any. Each expert's pairs are cut into
-// groups of at most group_tokens.
-__global__ void __launch_bounds__(kSortThreads)
-    sort_pairs_kernel(const int32_t* experts, const float* gates, int n, int k, int num_experts,
-                      int group_tokens, MoePairs p) {
-  follow_prior_grid();
-  // Pairs per (warp, expert), then each warp's next slot for the expert.
-  __shared__ int32_t warp_next[kSortWarps][kMaxGroupedExperts];
-  __shared__ int32_t next[kMaxGroupedExperts];  // the count, then each expert's first slot
-  const int pairs = n * k;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int run = (pairs + kSortWarps - 1) / kSortWarps;
-  const int run_begin = min(pairs, warp * run), run_end = min(pairs, run_begin + run);
-  // The experts of the kSortRoundsAhead rounds from `base` (-1 past the run), all loads issued
-  // before any is used.
-  const auto load_rounds = [&](int base, int(&ahead)[kSortRoundsAhead]) {
+// groups of at most group_tokens (written by CTA 0).
+struct SortRuns {
+  int begin = 0, end = 0;  // the warp's run
+};
+__device__ __forceinline__ SortRuns sort_runs(int pairs, int warp) {
+  const int cta_run = (pairs + gridDim.x - 1) / gridDim.x;
+  const int cta_begin = min(pairs, static_cast<int>(blockIdx.x) * cta_run);
+  const int cta_end = min(pairs, cta_begin + cta_run);
+  const int run = (cta_end - cta_begin + kSortWarps - 1) / kSortWarps;
+  SortRuns r;
+  r.begin = min(cta_end, cta_begin + warp * run);
+  r.end = min(cta_end, r.begin + run);
+  return r;
+}
+// The experts of the kSortRoundsAhead rounds from `base` (-1 past the run), all loads issued
+// before any is used.
+__device__ __forceinline__ void load_sort_rounds(const int32_t* experts, int base, int run_end,
+                                                 int lane, int (&ahead)[kSortRoundsAhead]) {
 #pragma unroll
-    for (int r = 0; r < kSortRoundsAhead; ++r) {
-      const int j = base + r * 32 + lane;
-      ahead[r] = j < run_end ? experts[j] : -1;
-    }
-  };
+  for (int r = 0; r < kSortRoundsAhead; ++r) {
+    const int j = base + r * 32 + lane;
+    ahead[r] = j < run_end ? experts[j] : -1;
+  }
+}
+// Each warp's pairs per expert into warp_counts[warp][expert] (zeroed first).
+__device__ __forceinline__ void count_sort_runs(
+    const int32_t* experts, int pairs, int num_experts,
+    int32_t (&warp_counts)[kSortWarps][kMaxGroupedExperts]) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int i = threadIdx.x; i < kSortWarps * num_experts; i += kSortThreads) {
-    warp_next[i / num_experts][i % num_experts] = 0;
+    warp_counts[i / num_experts][i % num_experts] = 0;
   }
   __syncthreads();
-  for (int base = run_begin; base < run_end; base += 32 * kSortRoundsAhead) {
+  const SortRuns runs = sort_runs(pairs, warp);
+  for (int base = runs.begin; base < runs.end; base += 32 * kSortRoundsAhead) {
     int ahead[kSortRoundsAhead];
-    load_rounds(base, ahead);
+    load_sort_rounds(experts, base, runs.end, lane, ahead);
 #pragma unroll
     for (int r = 0; r < kSortRoundsAhead; ++r) {
       const int e = ahead[r];
       const uint32_t same = __match_any_sync(0xffffffffu, e);
-      if (e >= 0 && lane == __ffs(same) - 1) warp_next[warp][e] += __popc(same);
+      if (e >= 0 && lane == __ffs(same) - 1) warp_counts[warp][e] += __popc(same);
       __syncwarp();  // the count is in before another lane adds to it
     }
   }
   __syncthreads();
+}
+
+__global__ void __launch_bounds__(kSortThreads)
+    sort_count_kernel(const int32_t* experts, int n, int k, int num_experts, int32_t* cta_counts) {
+  follow_prior_grid();
+  __shared__ int32_t warp_counts[kSortWarps][kMaxGroupedExperts];
+  count_sort_runs(experts, n * k, num_experts, warp_counts);
   for (int e = threadIdx.x; e < num_experts; e += kSortThreads) {
     int count = 0;
-    for (int w = 0; w < kSortWarps; ++w) count += warp_next[w][e];
+    for (int w = 0; w < kSortWarps; ++w) count += warp_counts[w][e];
+    cta_counts[blockIdx.x * num_experts + e] = count;
+  }
+}
+
+__global__ void __launch_bounds__(kSortThreads)
+    sort_pairs_kernel(const int32_t* experts, const float* gates, int n, int k, int num_experts,
+                      int group_tokens, const int32_t* cta_counts, MoePairs p) {
+  follow_prior_grid();
+  // Pairs per (warp, expert), then each warp's next slot for the expert.
+  __shared__ int32_t warp_next[kSortWarps][kMaxGroupedExperts];
+  // Each expert's pairs in all CTAs, then its first slot in this CTA; with several CTAs, the
+  // expert's pairs in the CTAs before this one.
+  __shared__ int32_t next[kMaxGroupedExperts];
+  __shared__ int32_t before[kMaxGroupedExperts];
+  const int pairs = n * k;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  count_sort_runs(experts, pairs, num_experts, warp_next);
+  for (int e = threadIdx.x; e < num_experts; e += kSortThreads) {
+    int count = 0, earlier = 0;
+    if (gridDim.x == 1) {
+      for (int w = 0; w < kSortWarps; ++w) count += warp_next[w][e];
+    } else {
+      for (int b = 0; b < static_cast<int>(gridDim.x); ++b) {
+        const int c = cta_counts[b * num_experts + e];
+        count += c;
+        if (b < static_cast<int>(blockIdx.x)) earlier += c;
+      }
+    }
     next[e] = count;
+    before[e] = earlier;
   }
   __syncthreads();
   // Exclusive scans of the counts and of the groups over the experts, by the first warp: each
@@ -92,16 +142,19 @@ __global__ void __launch_bounds__(kSortThreads)
     }
     count_before -= count;
     groups_before -= groups;
+    const bool write_groups = blockIdx.x == 0;
     for (int e = begin; e < end; ++e) {
       const int c = next[e];
-      next[e] = count_before;
-      for (int i = 0; i < groups_of(c); ++i) {
-        p.group_expert[groups_before] = e;
-        p.group_first[groups_before++] = count_before + i * group_tokens;
+      next[e] = count_before + before[e];
+      if (write_groups) {
+        for (int i = 0; i < groups_of(c); ++i) {
+          p.group_expert[groups_before] = e;
+          p.group_first[groups_before++] = count_before + i * group_tokens;
+        }
       }
       count_before += c;
     }
-    if (lane == 31) {
+    if (write_groups && lane == 31) {
       p.group_first[groups_before] = pairs;
       *p.num_groups = groups_before;
     }
@@ -116,9 +169,10 @@ __global__ void __launch_bounds__(kSortThreads)
     }
   }
   __syncthreads();
-  for (int base = run_begin; base < run_end; base += 32 * kSortRoundsAhead) {
+  const SortRuns runs = sort_runs(pairs, warp);
+  for (int base = runs.begin; base < runs.end; base += 32 * kSortRoundsAhead) {
     int ahead[kSortRoundsAhead];
-    load_rounds(base, ahead);
+    load_sort_rounds(experts, base, runs.end, lane, ahead);
 #pragma unroll
     for (int r = 0; r < kSortRoundsAhead; ++r) {
       const int j = base + r * 32 + lane, e = ahead[r];
@@ -152,9 +206,7 @@ __device__ __forceinline__ float* output_address(const GroupedGemm& g, int first
          static_cast<int64_t>(t) * g.block_rows + local;
 }
 
-constexpr int kWarps = 8;
-constexpr int kRows = 16 * kWarps;  // weight rows per CTA
-constexpr int kCols = 64;           // input columns per pipeline stage
+constexpr int kCols = 64;  // input columns per pipeline stage
 
 // A step's shape of the grouped product for at most Tokens pairs per group: the warps' layout, the
 // weight tile and the input tile of a stage, and the stages. A GEMV-like product is bound by the
@@ -166,14 +218,22 @@ constexpr int kCols = 64;           // input columns per pipeline stage
 // each warpgroup multiplying 64 weight rows with the 128 tokens straight from shared memory
 // (mma.sync needed as many fragment loads and instructions as the tensor cores had work), and two
 // CTAs of three stages share a multiprocessor.
+// Wide groups keep one warpgroup MMA in flight across a step's barrier, so their copies run
+// kWideStages - 2 steps ahead (the stage the MMA in flight reads is not copied into).
+// Wide groups take 256 weight rows per CTA in four warpgroups, so that a stage's input tile
+// serves twice the rows (L2 was 71% busy at 128 rows per CTA).
+constexpr int kWideStages = 4;
+constexpr int kWideCtas = 1;
 template <int Tokens>
 struct GroupedGemmShape {
   static constexpr bool kWide = Tokens > kMaxGroupedTokens;  // groups of kWideGroupTokens
+  static constexpr int kWarps = kWide ? 16 : 8;
+  static constexpr int kRows = 16 * kWarps;  // weight rows per CTA
   static constexpr int kWarpRows = kRows / kWarps;
   static constexpr int kWarpTokens = Tokens;
   static constexpr int kStageElements = (kRows + Tokens) * kCols;
-  static constexpr int kStages = Tokens <= 16 ? 6 : 3;
-  static constexpr int kMinCtas = kWide ? 2 : 1;
+  static constexpr int kStages = Tokens <= 16 ? 6 : kWide ? kWideStages : 3;
+  static constexpr int kMinCtas = kWide ? kWideCtas : 1;
   static constexpr int kSharedBytes = kStages * kStageElements * static_cast<int>(sizeof(uint16_t));
 };
 
@@ -191,10 +251,13 @@ __device__ __forceinline__ int swizzled(int row, int chunk) {
 // takes kRows / 2 gate rows and the up rows of the same outputs: the up warps hand their sums to
 // the gate warps through shared memory, so no float32 gate-and-up rows are written.
 template <int Tokens>
-__global__ void __launch_bounds__(kWarps * 32, GroupedGemmShape<Tokens>::kMinCtas)
+__global__ void __launch_bounds__(GroupedGemmShape<Tokens>::kWarps * 32,
+                                  GroupedGemmShape<Tokens>::kMinCtas)
     grouped_gemm_kernel(const GroupedGemm g, const MoePairs p, int split_cols) {
   follow_prior_grid();
   using Shape = GroupedGemmShape<Tokens>;
+  constexpr int kWarps = Shape::kWarps;
+  constexpr int kRows = Shape::kRows;
   constexpr int kStages = Shape::kStages;
   constexpr int kMTiles = Shape::kWarpRows / 16;
   constexpr int kNPairs = Shape::kWarpTokens / 16;  // 16-token halves of the warp's ldmatrix
@@ -274,26 +337,27 @@ __global__ void __launch_bounds__(kWarps * 32, GroupedGemmShape<Tokens>::kMinCta
 
   float acc[kMTiles][Shape::kWarpTokens / 8][4] = {};
   const int steps = (col_end - col_begin + kCols - 1) / kCols;
+  if constexpr (Shape::kWide) {
+    static_assert(
+        Tokens == 128 && kRows == 16 * kWarps && kWarps % 4 == 0 && kCols == 64 && kStages >= 3,
+        "warpgroups of m64n128 over a stage of 64 columns");
+    constexpr int kAhead = kStages - 2;
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < steps) load(s, col_begin + s * kCols);
-    cp_async_commit();
-  }
-  for (int step = 0; step < steps; ++step) {
-    cp_async_wait<kStages - 2>();
-    if constexpr (Shape::kWide) fence_proxy_async_shared();
-    __syncthreads();
-    const int ahead = step + kStages - 1;
-    if (ahead < steps) load(ahead % kStages, col_begin + ahead * kCols);
-    cp_async_commit();
-    const uint16_t* w_tile = tiles + (step % kStages) * Shape::kStageElements;
-    const uint16_t* x_tile = w_tile + kRows * kCols;
-    if constexpr (Shape::kWide) {
-      static_assert(Tokens == 128 && kRows == 128 && kWarps == 8 && kCols == 64,
-                    "two warpgroups of m64n128 over a stage of 64 columns");
+    for (int s = 0; s < kAhead; ++s) {
+      if (s < steps) load(s, col_begin + s * kCols);
+      cp_async_commit();
+    }
+    float(&d)[64] = reinterpret_cast<float(&)[64]>(acc);
+    for (int step = 0; step < steps; ++step) {
+      // Group `step` of the copies is this step's; kAhead - 1 later ones may still be in flight.
+      cp_async_wait<kAhead - 1>();
+      fence_proxy_async_shared();
+      // After the barrier every warpgroup has waited for its products of two steps ago, so the
+      // stage they read is copied into below; last step's products may still be running.
+      __syncthreads();
+      const uint16_t* w_tile = tiles + (step % kStages) * Shape::kStageElements;
       const uint32_t w_at = shared_address(w_tile + (warp / 4) * 64 * kCols);
-      const uint32_t x_at = shared_address(x_tile);
-      float(&d)[64] = reinterpret_cast<float(&)[64]>(acc);
+      const uint32_t x_at = shared_address(w_tile + kRows * kCols);
       wgmma_fence_operands(d);
       wgmma_fence();
 #pragma unroll
@@ -302,10 +366,29 @@ __global__ void __launch_bounds__(kWarps * 32, GroupedGemmShape<Tokens>::kMinCta
                               wgmma_descriptor(x_at + ks * 32));
       }
       wgmma_commit();
-      // The stage is copied into again after the next barrier: its reads end here.
-      wgmma_wait<0>();
       wgmma_fence_operands(d);
-    } else {
+      const int ahead = step + kAhead;
+      if (ahead < steps) load(ahead % kStages, col_begin + ahead * kCols);
+      cp_async_commit();
+      wgmma_wait<1>();
+      wgmma_fence_operands(d);
+    }
+    wgmma_wait<0>();
+    wgmma_fence_operands(d);
+  } else {
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < steps) load(s, col_begin + s * kCols);
+      cp_async_commit();
+    }
+    for (int step = 0; step < steps; ++step) {
+      cp_async_wait<kStages - 2>();
+      __syncthreads();
+      const int ahead = step + kStages - 1;
+      if (ahead < steps) load(ahead % kStages, col_begin + ahead * kCols);
+      cp_async_commit();
+      const uint16_t* w_tile = tiles + (step % kStages) * Shape::kStageElements;
+      const uint16_t* x_tile = w_tile + kRows * kCols;
 #pragma unroll
       for (int ks = 0; ks < kCols / 16; ++ks) {
         uint32_t a[kMTiles][4];
@@ -366,6 +449,23 @@ __global__ void __launch_bounds__(kWarps * 32, GroupedGemmShape<Tokens>::kMinCta
             if (r >= half_rows || t >= count) continue;
             g.swiglu_out[static_cast<int64_t>(first + t) * half_rows + r] =
                 swiglu_bf16(acc[mt][nt][e], up[local(mt, nt, e)]);
+          }
+        }
+      }
+      return;
+    }
+    if (g.out_bf16 != nullptr) {
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < Shape::kWarpTokens / 8; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int r = row0 + warp_row0 + mt * 16 + lane / 4 + (e / 2) * 8;
+            const int t = nt * 8 + (lane % 4) * 2 + e % 2;
+            if (r >= g.out_rows || t >= count) continue;
+            g.out_bf16[static_cast<int64_t>(first + t) * g.out_rows + r] =
+                to_bf16_bits(acc[mt][nt][e]);
           }
         }
       }
@@ -604,7 +704,23 @@ int multiprocessors() {
 // thread divides a flat index by the hidden size), the pairs' rows and gates fetched once per CTA
 // so that every row's load is issued before any is added. Top-k of at most 32 (route_tokens').
 constexpr int kMaxCombinedPairs = 32;
-__global__ void combine_kernel(const float* y, const MoePairs p, int n, int k, int hidden,
+__device__ __forceinline__ float row_value(const float* y, int64_t at) {
+  return y[at];
+}
+__device__ __forceinline__ float row_value(const uint16_t* y, int64_t at) {
+  return bf16_bits_to_float(y[at]);
+}
+// Columns at .. at + 3 of a row (at a multiple of 4, the row aligned to four elements).
+__device__ __forceinline__ float4 row_vector(const float* y, int64_t at) {
+  return *reinterpret_cast<const float4*>(y + at);
+}
+__device__ __forceinline__ float4 row_vector(const uint16_t* y, int64_t at) {
+  const uint2 packed = *reinterpret_cast<const uint2*>(y + at);
+  const float2 lo = unpack_bf16(packed.x), hi = unpack_bf16(packed.y);
+  return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+template <typename Y>
+__global__ void combine_kernel(const Y* y, const MoePairs p, int n, int k, int hidden, int vectors,
                                int disabled_expert, float* out) {
   follow_prior_grid();
   __shared__ int64_t row[kMaxCombinedPairs];
@@ -619,10 +735,25 @@ __global__ void combine_kernel(const float* y, const MoePairs p, int n, int k, i
       added[threadIdx.x] = p.expert[j] != disabled_expert;
     }
     __syncthreads();
-    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < hidden; c += gridDim.x * blockDim.x) {
+    // Four columns per thread in the first `vectors` four-column vectors of each row (the rows are
+    // read once, so the kernel is bound by how many bytes each load brings in), one after them.
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < vectors; c += gridDim.x * blockDim.x) {
+      float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      for (int r = 0; r < k; ++r) {
+        if (!added[r]) continue;
+        const float4 x = row_vector(y, row[r] + 4 * c);
+        v.x += gate[r] * x.x;
+        v.y += gate[r] * x.y;
+        v.z += gate[r] * x.z;
+        v.w += gate[r] * x.w;
+      }
+      reinterpret_cast<float4*>(out + t * hidden)[c] = v;
+    }
+    for (int c = 4 * vectors + blockIdx.x * blockDim.x + threadIdx.x; c < hidden;
+         c += gridDim.x * blockDim.x) {
       float v = 0.0f;
       for (int r = 0; r < k; ++r) {
-        if (added[r]) v += gate[r] * y[row[r] + c];
+        if (added[r]) v += gate[r] * row_value(y, row[r] + c);
       }
       out[t * hidden + c] = v;
     }
@@ -641,8 +772,20 @@ void sort_pairs(const int32_t* experts, const float* gates, int n, int k, int nu
     fail(ErrorKind::kUnsupported, "sort_pairs: {} tokens of top-{} over {} experts (at most {})", n,
          k, num_experts, kMaxGroupedExperts);
   }
-  launch_overlapping(sort_pairs_kernel, dim3(1), dim3(kSortThreads), 0, stream, experts, gates, n,
-                     k, num_experts, moe_group_tokens(n, k, num_experts), pairs);
+  // A CTA per kSortCtaPairs pairs, up to kSortMaxCtas; their counts go to the tail of
+  // group_expert, past the most groups the step can have (a sort of this size has at most
+  // num_experts + pairs / 64 groups, and the tail takes at most pairs / 16 ints).
+  const int total = n * k;
+  const int ctas = std::clamp(total / kSortCtaPairs, 1, kSortMaxCtas);
+  const int group_tokens = moe_group_tokens(n, k, num_experts);
+  int32_t* cta_counts = pairs.group_expert + total - ctas * num_experts;
+  if (ctas > 1) {
+    launch_overlapping(sort_count_kernel, dim3(ctas), dim3(kSortThreads), 0, stream, experts, n, k,
+                       num_experts, cta_counts);
+  }
+  launch_overlapping(sort_pairs_kernel, dim3(ctas), dim3(kSortThreads), 0, stream, experts, gates,
+                     n, k, num_experts, group_tokens, static_cast<const int32_t*>(cta_counts),
+                     pairs);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -671,6 +814,10 @@ void launch_grouped_gemm(const GroupedGemm& g, const MoePairs& pairs, int max_ro
          "and an even number of output rows ({})",
          max_rows, g.out_rows);
   }
+  if (g.out_bf16 != nullptr && max_rows <= kMaxGroupedTokens) {
+    fail(ErrorKind::kUnsupported, "grouped_gemm: bf16 output rows need wide groups ({} rows)",
+         max_rows);
+  }
   if (swiglu && max_rows == 1) {
     launch_gemv<GemvOutput::kSwiglu>(g, pairs, groups, -1, stream);
     return;
@@ -679,12 +826,15 @@ void launch_grouped_gemm(const GroupedGemm& g, const MoePairs& pairs, int max_ro
     launch_gemv<GemvOutput::kOutputRows>(g, pairs, groups, -1, stream);
     return;
   }
-  // A SwiGLU tile takes half as many outputs (their gate and up rows), and is never split.
-  const int row_tiles =
-      swiglu ? (g.out_rows / 2 + kRows / 2 - 1) / (kRows / 2) : (g.out_rows + kRows - 1) / kRows;
+  // A SwiGLU tile takes half as many outputs (their gate and up rows); neither it nor a bf16
+  // output is ever split.
+  const int tile_rows = max_rows > kMaxGroupedTokens ? GroupedGemmShape<kWideGroupTokens>::kRows
+                                                     : GroupedGemmShape<kMaxGroupedTokens>::kRows;
+  const int row_tiles = swiglu ? (g.out_rows / 2 + tile_rows / 2 - 1) / (tile_rows / 2)
+                               : (g.out_rows + tile_rows - 1) / tile_rows;
   const int steps = (g.in_cols + kCols - 1) / kCols;
   const int wanted = (8 * multiprocessors() + row_tiles * groups - 1) / (row_tiles * groups);
-  const int splits = swiglu ? 1 : std::max(1, std::min(wanted, steps / 2));
+  const int splits = swiglu || g.out_bf16 != nullptr ? 1 : std::max(1, std::min(wanted, steps / 2));
   const int split_cols = ((steps + splits - 1) / splits) * kCols;
   if (splits > 1) {
     EKVA_CUDA_CHECK(cudaMemsetAsync(
@@ -706,8 +856,9 @@ void launch_grouped_gemm(const GroupedGemm& g, const MoePairs& pairs, int max_ro
       return true;
     }();
     (void)opted_in;
-    launch_overlapping(grouped_gemm_kernel<kTokens>, dim3(grid), dim3(kWarps * 32), bytes, stream,
-                       g, pairs, split_cols);
+    launch_overlapping(grouped_gemm_kernel<kTokens>, dim3(grid),
+                       dim3(GroupedGemmShape<kTokens>::kWarps * 32), bytes, stream, g, pairs,
+                       split_cols);
   };
   if (max_rows <= 16) {
     launch(std::integral_constant<int, 16>{});
@@ -803,17 +954,36 @@ void skinny_gemm_blocks(const uint16_t* x, int n, const uint16_t* w, int first_r
   launch_skinny_gemm(x, n, w, first_rows, block_rows, out_rows, in_cols, y, stream);
 }
 
-void combine_pairs(const float* y, const MoePairs& pairs, int n, int k, int hidden,
-                   int disabled_expert, float* out, cudaStream_t stream) {
+namespace {
+
+template <typename Y>
+void launch_combine(const Y* y, const MoePairs& pairs, int n, int k, int hidden,
+                    int disabled_expert, float* out, cudaStream_t stream) {
   if (k < 1 || k > kMaxCombinedPairs) {
     fail(ErrorKind::kUnsupported, "combine_pairs: top-{} (at most {})", k, kMaxCombinedPairs);
   }
   if (n == 0 || hidden == 0) return;
   constexpr int kCombineThreads = 256;
-  const dim3 grid((hidden + kCombineThreads - 1) / kCombineThreads, std::min(n, 65535));
-  launch_overlapping(combine_kernel, grid, dim3(kCombineThreads), 0, stream, y, pairs, n, k, hidden,
-                     disabled_expert, out);
+  const bool aligned = hidden % 4 == 0 && reinterpret_cast<uintptr_t>(y) % (4 * sizeof(Y)) == 0 &&
+                       reinterpret_cast<uintptr_t>(out) % 16 == 0;
+  const int vectors = aligned ? hidden / 4 : 0;
+  const int per_thread = aligned ? vectors : hidden;  // a thread takes a vector or a column
+  const dim3 grid((per_thread + kCombineThreads - 1) / kCombineThreads, std::min(n, 65535));
+  launch_overlapping(combine_kernel<Y>, grid, dim3(kCombineThreads), 0, stream, y, pairs, n, k,
+                     hidden, vectors, disabled_expert, out);
   EKVA_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+void combine_pairs(const float* y, const MoePairs& pairs, int n, int k, int hidden,
+                   int disabled_expert, float* out, cudaStream_t stream) {
+  launch_combine(y, pairs, n, k, hidden, disabled_expert, out, stream);
+}
+
+void combine_pairs(const uint16_t* y, const MoePairs& pairs, int n, int k, int hidden,
+                   int disabled_expert, float* out, cudaStream_t stream) {
+  launch_combine(y, pairs, n, k, hidden, disabled_expert, out, stream);
 }
 
 }  // namespace ekva::cuda

@@ -221,6 +221,42 @@ void run_case(const Case& c, uint32_t seed) {
             << "token " << t << " row " << r;
       }
     }
+
+    // Wide groups' product with bf16 output rows (unsplit), and their gated sum.
+    if (moe_group_tokens(c.tokens, c.top_k, c.num_experts) == kWideGroupTokens) {
+      DeviceBuffer<uint16_t> rows(static_cast<size_t>(pairs) * c.out_rows);
+      EKVA_CUDA_CHECK(cudaMemset(rows.data(), 0xff, rows.bytes()));  // NaN: unwritten rows show
+      GroupedGemm rounded = g;
+      rounded.out = nullptr;
+      rounded.out_bf16 = rows.data();
+      grouped_gemm(rounded, p, c.tokens, c.top_k, c.num_experts, nullptr);
+      combine_pairs(rows.data(), p, c.tokens, c.top_k, c.out_rows, disabled, combined.data(),
+                    nullptr);
+      EKVA_CUDA_CHECK(cudaDeviceSynchronize());
+      const std::vector<uint16_t> got_rows = rows.download();
+      for (size_t at = 0; at < got_rows.size(); ++at) {
+        // One bf16 rounding of a float32 sum.
+        ASSERT_NEAR(bf16_to_f32(got_rows[at]), want[at],
+                    std::abs(want[at]) / 256 + 1.1e-5 * magnitude[at] + 1e-6)
+            << "bf16 row element " << at;
+      }
+      const std::vector<float> got_rounded = combined.download();
+      for (int t = 0; t < c.tokens; ++t) {
+        for (int r = 0; r < c.out_rows; ++r) {
+          double sum = 0.0, scale = 0.0;
+          for (int i = 0; i < c.top_k; ++i) {
+            const int j = sorted[2 * pairs + t * c.top_k + i];
+            if (sorted[pairs + j] == disabled) continue;
+            const float y = bf16_to_f32(got_rows[static_cast<size_t>(j) * c.out_rows + r]);
+            sum += static_cast<double>(sorted_gates[j]) * y;
+            scale += std::abs(static_cast<double>(y));
+          }
+          ASSERT_NEAR(got_rounded[static_cast<size_t>(t) * c.out_rows + r], sum,
+                      1e-6 * scale + 1e-7)
+              << "token " << t << " row " << r << " of the bf16 rows' sum";
+        }
+      }
+    }
   }
 }
 
@@ -254,8 +290,11 @@ TEST_F(GroupedGemmTest, ColumnSplitProductsOfManyTokens) {
 
 // A top-k beyond what combine_pairs holds per token is refused before anything is launched.
 TEST_F(GroupedGemmTest, CombineRefusesTopKAbove32) {
-  EXPECT_THROW(combine_pairs(nullptr, MoePairs{}, 1, 33, 64, -1, nullptr, nullptr), Error);
-  EXPECT_THROW(combine_pairs(nullptr, MoePairs{}, 1, 0, 64, -1, nullptr, nullptr), Error);
+  const float* rows = nullptr;
+  const uint16_t* bf16_rows = nullptr;
+  EXPECT_THROW(combine_pairs(rows, MoePairs{}, 1, 33, 64, -1, nullptr, nullptr), Error);
+  EXPECT_THROW(combine_pairs(rows, MoePairs{}, 1, 0, 64, -1, nullptr, nullptr), Error);
+  EXPECT_THROW(combine_pairs(bf16_rows, MoePairs{}, 1, 33, 64, -1, nullptr, nullptr), Error);
 }
 
 TEST_F(GroupedGemmTest, FineGrainedExpertsOddSizes) {
@@ -471,6 +510,12 @@ TEST(GroupedGemmHostTest, RejectsUnsupportedShapes) {
   g.out_rows = 64;
   g.in_cols = 12;
   EXPECT_THROW(grouped_gemm(g, MoePairs{}, 4, 2, 8, nullptr), Error);
+  // bf16 output rows only from wide groups.
+  g.in_cols = 64;
+  uint16_t row = 0;
+  g.out_bf16 = &row;
+  EXPECT_THROW(grouped_gemm(g, MoePairs{}, 4, 2, 8, nullptr), Error);
+  g.out_bf16 = nullptr;
   EXPECT_THROW(sort_pairs(nullptr, nullptr, 4, 9, 8, MoePairs{}, nullptr), Error);
   EXPECT_THROW(sort_pairs(nullptr, nullptr, 4, 2, kMaxGroupedExperts + 1, MoePairs{}, nullptr),
                Error);
