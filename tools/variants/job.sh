@@ -8,6 +8,13 @@
 #   tools/variants/job.sh trace MODEL    # base's kernel timelines of a prompt and of decode steps
 #   tools/variants/job.sh kernels MODEL  # each variant's prompt per kernel (Nsight Compute's
 #                                        # durations, tools/ncu_summary.py)
+#   tools/variants/job.sh durations MODEL  # each variant's prompt kernels matching REGEX (default:
+#                                        # the grouped products, the sort's two kernels, pairs' sum,
+#                                        # prefill attention and KV append: PER_LAYER 7 launches a
+#                                        # layer of Qwen3's or OLMoE's prompt) in LAYERS
+#                                        # layers (default 20) after the first 10: Nsight Compute's
+#                                        # durations, about 10 s a variant (tools/variants/
+#                                        # durations.py LAYERS OUT makes the table)
 #   tools/variants/job.sh ncu MODEL REGEX  # Nsight Compute's full set on base's prompt kernels
 #                                        # matching REGEX (the 41st launch: a layer mid-model)
 # MODEL: a directory of tests/fixtures/configs (qwen3-30b-a3b, olmoe-1b-7b, mixtral-8x7b). VARIANTS
@@ -100,6 +107,19 @@ kernels)
     head -12 "$OUT/kernels-$m-$v.txt"
   done
   ;;
+durations)
+  m=${2:?durations needs a model directory of tests/fixtures/configs}
+  k=${REGEX:-grouped_gemm|sort_|combine_kernel|prefill_attention|append_kv}
+  per_layer=${PER_LAYER:-7}  # the default REGEX's launches in a layer
+  for v in $variants; do
+    $R ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
+      --kernel-name "regex:$k" --launch-skip $((10 * per_layer)) \
+      --launch-count $((${LAYERS:-20} * per_layer)) "$(bin $v ekva)" bench $(model_args "$m") \
+      --context 16 --steps 1 --warmup 0 --prompt "$(prompt_tokens "$m")" \
+      > "$OUT/durations-$m-$v.csv" 2> "$OUT/durations-$m-$v.err"
+    echo "durations $m $v: exit $?"
+  done
+  ;;
 ncu)
   m=${2:?ncu needs a model directory of tests/fixtures/configs}
   k=${3:?ncu needs a kernel name regex}
@@ -109,7 +129,7 @@ ncu)
   $R ncu --import "$OUT/ncu-$m-$k.ncu-rep" --page details > "$OUT/ncu-$m-$k.txt" 2>&1
   ;;
 *)
-  echo "usage: $0 check|sanitize|time MODEL|trace MODEL|kernels MODEL|ncu MODEL REGEX" >&2
+  echo "usage: $0 check|sanitize|time MODEL|trace MODEL|kernels MODEL|durations MODEL|ncu MODEL REGEX" >&2
   exit 2
   ;;
 esac

@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""A table of what `tools/variants/job.sh durations MODEL` wrote to $OUT, for docs/BENCHMARKS.md.
+
+  tools/variants/durations.py LAYERS OUT_DIR
+
+For each model, each variant's microseconds per layer of every kernel name (template arguments
+dropped), summed over the profiled launches and divided by LAYERS (the job's LAYERS, default 20),
+with their total; base first. A file with no kernel rows is listed with its first error line.
+"""
+import csv
+import glob
+import os
+import re
+import sys
+
+
+def kernel(name):
+    """The kernel's name without namespaces, template arguments and parameters."""
+    name = re.sub(r"\(.*$", "", name)
+    name = re.sub(r"<.*>", "", name)
+    return name.split("::")[-1].replace("void ", "").strip()
+
+
+def durations(path):
+    """{kernel: microseconds summed} of one Nsight Compute CSV, or an error line."""
+    with open(path, errors="replace") as f:
+        rows = [line for line in f if line.startswith('"')]
+    if not rows:
+        err = os.path.splitext(path)[0] + ".err"
+        reason = "no kernel rows"
+        if os.path.exists(err):
+            with open(err, errors="replace") as f:
+                lines = [line.strip() for line in f if "ERROR" in line or "rror" in line]
+            if lines:
+                reason = lines[0]
+        return None, reason
+    table = list(csv.reader(rows))
+    head = table[0]
+    try:
+        name_at, value_at, unit_at = (head.index(c) for c in ("Kernel Name", "Metric Value", "Metric Unit"))
+    except ValueError:
+        return None, "not a --csv metrics listing"
+    scale = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}
+    sums = {}
+    for row in table[1:]:
+        k = kernel(row[name_at])
+        sums[k] = sums.get(k, 0.0) + float(row[value_at].replace(",", "")) * scale.get(row[unit_at], 1.0)
+    return sums, None
+
+
+def main():
+    if len(sys.argv) != 3 or not sys.argv[1].isdigit() or int(sys.argv[1]) <= 0:
+        sys.exit("usage: durations.py LAYERS OUT_DIR")
+    layers, out = int(sys.argv[1]), sys.argv[2]
+    paths = sorted(glob.glob(os.path.join(out, "durations-*-*.csv")))
+    if not paths:
+        sys.exit(f"durations.py: {out} holds no durations-*.csv")
+    models = {}
+    for path in paths:
+        m = re.match(r"durations-(.+)-([a-z][a-z0-9]*)\.csv$", os.path.basename(path))
+        if m:
+            models.setdefault(m.group(1), {})[m.group(2)] = durations(path)
+    for model, variants in sorted(models.items()):
+        names = sorted({k for sums, _ in variants.values() if sums for k in sums})
+        print(f"\n{model}, us per layer ({layers} layers):\n")
+        print("| variant | " + " | ".join(names) + " | total |")
+        print("| --- |" + " ---: |" * (len(names) + 1))
+        for variant in sorted(variants, key=lambda v: (v != "base", v)):
+            sums, error = variants[variant]
+            if sums is None:
+                print(f"| {variant} | {error} |")
+                continue
+            cells = [f"{sums.get(k, 0.0) / layers:.1f}" for k in names]
+            print(f"| {variant} | " + " | ".join(cells) + f" | {sum(sums.values()) / layers:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
