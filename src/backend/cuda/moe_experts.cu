@@ -216,14 +216,12 @@ constexpr int kCols = 64;  // input columns per pipeline stage
 // warp holds the sums of 16 weight rows and every token. Up to 64 tokens the warps multiply with
 // mma.sync from fragments they load; 128 tokens (a prompt's groups) take Hopper's warpgroup MMA,
 // each warpgroup multiplying 64 weight rows with the 128 tokens straight from shared memory
-// (mma.sync needed as many fragment loads and instructions as the tensor cores had work), and two
-// CTAs of three stages share a multiprocessor.
-// Wide groups keep one warpgroup MMA in flight across a step's barrier, so their copies run
-// kWideStages - 2 steps ahead (the stage the MMA in flight reads is not copied into).
-// Wide groups take 256 weight rows per CTA in four warpgroups, so that a stage's input tile
-// serves twice the rows (L2 was 71% busy at 128 rows per CTA).
+// (mma.sync needed as many fragment loads and instructions as the tensor cores had work). Wide
+// groups take 256 weight rows per CTA in four warpgroups, so that a stage's input tile serves
+// twice the rows (L2 was 71% busy at 128 rows per CTA), and keep one warpgroup MMA in flight
+// across a step's barrier, so their copies run kWideStages - 2 steps ahead (the stage the MMA in
+// flight reads is not copied into); their four stages take a multiprocessor's shared memory.
 constexpr int kWideStages = 4;
-constexpr int kWideCtas = 1;
 template <int Tokens>
 struct GroupedGemmShape {
   static constexpr bool kWide = Tokens > kMaxGroupedTokens;  // groups of kWideGroupTokens
@@ -233,7 +231,6 @@ struct GroupedGemmShape {
   static constexpr int kWarpTokens = Tokens;
   static constexpr int kStageElements = (kRows + Tokens) * kCols;
   static constexpr int kStages = Tokens <= 16 ? 6 : kWide ? kWideStages : 3;
-  static constexpr int kMinCtas = kWide ? kWideCtas : 1;
   static constexpr int kSharedBytes = kStages * kStageElements * static_cast<int>(sizeof(uint16_t));
 };
 
@@ -251,8 +248,7 @@ __device__ __forceinline__ int swizzled(int row, int chunk) {
 // takes kRows / 2 gate rows and the up rows of the same outputs: the up warps hand their sums to
 // the gate warps through shared memory, so no float32 gate-and-up rows are written.
 template <int Tokens>
-__global__ void __launch_bounds__(GroupedGemmShape<Tokens>::kWarps * 32,
-                                  GroupedGemmShape<Tokens>::kMinCtas)
+__global__ void __launch_bounds__(GroupedGemmShape<Tokens>::kWarps * 32, 1)
     grouped_gemm_kernel(const GroupedGemm g, const MoePairs p, int split_cols) {
   follow_prior_grid();
   using Shape = GroupedGemmShape<Tokens>;

@@ -206,21 +206,28 @@ void run_case(const Case& c, uint32_t seed) {
     const int disabled = experts[std::min(1, c.top_k - 1)];
     combine_pairs(out.data(), p, c.tokens, c.top_k, c.out_rows, disabled, combined.data(), nullptr);
     EKVA_CUDA_CHECK(cudaDeviceSynchronize());
-    const std::vector<float> got_combined = combined.download();
-    for (int t = 0; t < c.tokens; ++t) {
-      for (int r = 0; r < c.out_rows; ++r) {
-        double sum = 0.0, scale = 0.0;
-        for (int i = 0; i < c.top_k; ++i) {
-          const int j = sorted[2 * pairs + t * c.top_k + i];
-          if (sorted[pairs + j] == disabled) continue;
-          const float y = got[static_cast<size_t>(j) * c.out_rows + r];
-          sum += static_cast<double>(sorted_gates[j]) * y;
-          scale += std::abs(static_cast<double>(y));
+    // got_sums against the gated sums of each token's rows y(pair, row) in double precision.
+    const auto expect_gated_sums = [&](const std::vector<float>& got_sums, const auto& y,
+                                       const char* what) {
+      for (int t = 0; t < c.tokens; ++t) {
+        for (int r = 0; r < c.out_rows; ++r) {
+          double sum = 0.0, scale = 0.0;
+          for (int i = 0; i < c.top_k; ++i) {
+            const int j = sorted[2 * pairs + t * c.top_k + i];
+            if (sorted[pairs + j] == disabled) continue;
+            const double value = y(j, r);
+            sum += static_cast<double>(sorted_gates[j]) * value;
+            scale += std::abs(value);
+          }
+          ASSERT_NEAR(got_sums[static_cast<size_t>(t) * c.out_rows + r], sum, 1e-6 * scale + 1e-7)
+              << "token " << t << " row " << r << " of " << what;
         }
-        ASSERT_NEAR(got_combined[static_cast<size_t>(t) * c.out_rows + r], sum, 1e-6 * scale + 1e-7)
-            << "token " << t << " row " << r;
       }
-    }
+    };
+    expect_gated_sums(
+        combined.download(),
+        [&](int j, int r) { return got[static_cast<size_t>(j) * c.out_rows + r]; },
+        "the float32 rows' sum");
 
     // Wide groups' product with bf16 output rows (unsplit), and their gated sum.
     if (moe_group_tokens(c.tokens, c.top_k, c.num_experts) == kWideGroupTokens) {
@@ -240,22 +247,12 @@ void run_case(const Case& c, uint32_t seed) {
                     std::abs(want[at]) / 256 + 1.1e-5 * magnitude[at] + 1e-6)
             << "bf16 row element " << at;
       }
-      const std::vector<float> got_rounded = combined.download();
-      for (int t = 0; t < c.tokens; ++t) {
-        for (int r = 0; r < c.out_rows; ++r) {
-          double sum = 0.0, scale = 0.0;
-          for (int i = 0; i < c.top_k; ++i) {
-            const int j = sorted[2 * pairs + t * c.top_k + i];
-            if (sorted[pairs + j] == disabled) continue;
-            const float y = bf16_to_f32(got_rows[static_cast<size_t>(j) * c.out_rows + r]);
-            sum += static_cast<double>(sorted_gates[j]) * y;
-            scale += std::abs(static_cast<double>(y));
-          }
-          ASSERT_NEAR(got_rounded[static_cast<size_t>(t) * c.out_rows + r], sum,
-                      1e-6 * scale + 1e-7)
-              << "token " << t << " row " << r << " of the bf16 rows' sum";
-        }
-      }
+      expect_gated_sums(
+          combined.download(),
+          [&](int j, int r) {
+            return bf16_to_f32(got_rows[static_cast<size_t>(j) * c.out_rows + r]);
+          },
+          "the bf16 rows' sum");
     }
   }
 }
