@@ -1,0 +1,36 @@
+#!/bin/bash
+# One device call's worth of tools/variants/job.sh, its results in one archive ($OUT/res.tgz: a call
+# brings back only a few files). Run on the GPU machine with build-next/ carried:
+#   tools/variants/call.sh
+# What runs, each step under its own time limit so that the archive is always written:
+#   CHECK    variants whose CUDA suite runs, filtered by FILTER (job.sh check)
+#   DUR      variants whose prompt kernels Nsight Compute times on Qwen3-30B-A3B (job.sh durations)
+#   TIME     variants alternating in whole prompts (job.sh time, DECODE=0) of each of MODELS
+#   SAN      VARIANT:FILTER pairs for racecheck and memcheck (job.sh sanitize)
+# An empty list skips its step; the defaults are the variants built.
+set -u
+res=${OUT:?OUT names the folder whose files come back}
+export OUT=/tmp/call-results
+mkdir -p "$OUT"
+J="bash tools/variants/job.sh"
+built=$(cd build-next && ls -d */ | tr -d / | grep -v '^device-all$' | tr '\n' ' ')
+finish() {
+  nvidia-smi --query-gpu=name,clocks.max.sm --format=csv > "$OUT/gpu.txt" 2>&1
+  tar czf "$res/res.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")"
+}
+trap finish EXIT
+nvidia-smi --query-gpu=name --format=csv,noheader
+if [ -n "${CHECK-$built}" ]; then
+  timeout "${CHECK_S:-170}" env FILTER="${FILTER:-*}" VARIANTS="${CHECK-$built}" $J check
+fi
+if [ -n "${DUR-base $built}" ]; then
+  timeout "${DUR_S:-120}" env VARIANTS="${DUR-base $built}" $J durations qwen3-30b-a3b
+  python3 tools/variants/durations.py "${LAYERS:-20}" "$OUT" 2>&1 | tee "$OUT/durations.md"
+fi
+for m in ${MODELS:-qwen3-30b-a3b}; do
+  [ -n "${TIME-base $built}" ] || break
+  timeout "${TIME_S:-150}" env DECODE=0 VARIANTS="${TIME-base $built}" $J time "$m"
+done
+for s in ${SAN-}; do
+  timeout "${SAN_S:-60}" env VARIANT="${s%%:*}" FILTER="${s#*:}" $J sanitize
+done
