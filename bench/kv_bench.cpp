@@ -1,7 +1,8 @@
 // KV-policy overhead at decode: attention over one sequence's retained KV (Mixtral attention shape:
 // 32 query heads, 8 KV heads, head_dim 128, 16k-token context) with and without the score
 // bookkeeping and eviction that a policy adds per step; the pool's bytes per retained token; and
-// the compression of a long prompt on the host; and a prompt's step plan on the host.
+// the compression of a long prompt on the host; and a prompt's and a decode step's plans on the
+// host.
 #include <benchmark/benchmark.h>
 
 #include <chrono>
@@ -210,6 +211,30 @@ void BM_PlanPrompt(benchmark::State& state) {
   }
 }
 
+// A batch-1 decode step's plan on the host (plan_step: one slot in every (layer, KV head) table),
+// which every backend makes before the step's first kernel, with Qwen3-30B-A3B's tables (48 x 4),
+// OLMoE-1B-7B's (16 x 16) and Mixtral-8x7B's (32 x 8), from a context of 4200 tokens: past 4096,
+// so that no table's metadata outgrows its capacity within the 3900 steps (that copy of every
+// table comes once a doubling), though its first touches of the new capacity count.
+void BM_PlanDecodeStep(benchmark::State& state) {
+  constexpr int kFilled = 4200;
+  ModelSpec s = attention_shape();
+  s.num_layers = static_cast<int>(state.range(0));
+  s.num_kv_heads = static_cast<int>(state.range(1));
+  s.num_heads = 2 * s.num_kv_heads;
+  s.vocab_size = 32000;
+  KvLayout layout(s, 1, KvFormat{16, DType::kBF16});
+  ForwardBatch fill;
+  for (int t = 0; t < kFilled; ++t) fill.add(t % s.vocab_size, 0, t);
+  plan_step(s, fill, layout);
+  for (auto _ : state) {
+    ForwardBatch batch;
+    batch.add(1, 0, layout.next_position(0));
+    const StepPlan plan = plan_step(s, batch, layout);
+    benchmark::DoNotOptimize(plan.slots.data());
+  }
+}
+
 }  // namespace
 }  // namespace ekva
 
@@ -234,4 +259,10 @@ BENCHMARK(ekva::BM_PlanPrompt)
     ->Args({16, 16})
     ->Unit(benchmark::kMillisecond)
     ->MinTime(1.0);
+BENCHMARK(ekva::BM_PlanDecodeStep)
+    ->Args({48, 4})
+    ->Args({16, 16})
+    ->Args({32, 8})
+    ->Iterations(3900)
+    ->Unit(benchmark::kMicrosecond);
 BENCHMARK_MAIN();
