@@ -4,8 +4,10 @@
 #   tools/variants/call.sh
 # What runs, each step under its own time limit so that the archive is always written:
 #   CHECK    variants whose CUDA suite runs, filtered by FILTER (job.sh check)
-#   DUR      variants whose prompt kernels Nsight Compute times on Qwen3-30B-A3B (job.sh durations)
+#   DUR      variants whose prompt kernels Nsight Compute times (job.sh durations) on each of
+#            DUR_MODELS (default qwen3-30b-a3b)
 #   TIME     variants alternating in whole prompts (job.sh time, DECODE=0) of each of MODELS
+#            (default qwen3-30b-a3b)
 #   SAN      VARIANT:FILTER pairs for racecheck and memcheck (job.sh sanitize)
 # An empty list skips its step; the defaults are the variants built.
 set -u
@@ -24,7 +26,9 @@ if [ -n "${CHECK-$built}" ]; then
   timeout "${CHECK_S:-170}" env FILTER="${FILTER:-*}" VARIANTS="${CHECK-$built}" $J check
 fi
 if [ -n "${DUR-base $built}" ]; then
-  timeout "${DUR_S:-120}" env VARIANTS="${DUR-base $built}" $J durations qwen3-30b-a3b
+  for m in ${DUR_MODELS:-qwen3-30b-a3b}; do
+    timeout "${DUR_S:-120}" env VARIANTS="${DUR-base $built}" $J durations "$m"
+  done
   python3 tools/variants/durations.py "${LAYERS:-20}" "$OUT" 2>&1 | tee "$OUT/durations.md"
 fi
 for m in ${MODELS:-qwen3-30b-a3b}; do
