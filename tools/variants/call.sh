@@ -8,8 +8,10 @@
 #            DUR_MODELS (default qwen3-30b-a3b)
 #   TIME     variants alternating in whole prompts (job.sh time, DECODE=0) of each of MODELS
 #            (default qwen3-30b-a3b)
-#   SAN      VARIANT:FILTER pairs for racecheck and memcheck (job.sh sanitize)
-# An empty list skips its step; the defaults are the variants built.
+#   STEPS    variants alternating in batch-1 steps at context 4k (job.sh time, PROMPTS=0) of each
+#            of MODELS (default: none)
+#   SAN      VARIANT:FILTER pairs for racecheck and memcheck (job.sh sanitize; default: none)
+# An empty list skips its step; CHECK, DUR and TIME default to the variants built.
 set -u
 res=${OUT:?OUT names the folder whose files come back}
 export OUT=/tmp/call-results
@@ -34,6 +36,10 @@ fi
 for m in ${MODELS:-qwen3-30b-a3b}; do
   [ -n "${TIME-base $built}" ] || break
   timeout "${TIME_S:-150}" env DECODE=0 VARIANTS="${TIME-base $built}" $J time "$m"
+done
+for m in ${MODELS:-qwen3-30b-a3b}; do
+  [ -n "${STEPS-}" ] || break
+  timeout "${STEPS_S:-150}" env PROMPTS=0 VARIANTS="$STEPS" $J time "$m"
 done
 for s in ${SAN-}; do
   timeout "${SAN_S:-60}" env VARIANT="${s%%:*}" FILTER="${s#*:}" $J sanitize
