@@ -188,19 +188,31 @@ void BM_CompressPrompt(benchmark::State& state) {
   state.SetLabel(options.name);
 }
 
-// A prompt's step plan on the host (plan_step: a slot for every layer, token and KV head), which
-// every backend makes before the step's first kernel: 4096 tokens on one sequence's empty tables,
-// with Qwen3-30B-A3B's tables (48 layers x 4 KV heads) and OLMoE-1B-7B's (16 x 16).
-void BM_PlanPrompt(benchmark::State& state) {
-  constexpr int kPrompt = 4096;
+// The tables of a model with the benchmark's arguments' layers and KV heads.
+ModelSpec tables_shape(const benchmark::State& state) {
   ModelSpec s = attention_shape();
   s.num_layers = static_cast<int>(state.range(0));
   s.num_kv_heads = static_cast<int>(state.range(1));
   s.num_heads = 2 * s.num_kv_heads;
   s.vocab_size = 32000;
-  KvLayout layout(s, 1, KvFormat{16, DType::kBF16});
+  return s;
+}
+
+// One sequence's first `tokens` tokens.
+ForwardBatch prompt_batch(const ModelSpec& s, int tokens) {
   ForwardBatch batch;
-  for (int t = 0; t < kPrompt; ++t) batch.add(t % s.vocab_size, 0, t);
+  for (int t = 0; t < tokens; ++t) batch.add(t % s.vocab_size, 0, t);
+  return batch;
+}
+
+// A prompt's step plan on the host (plan_step: a slot for every layer, token and KV head), which
+// every backend makes before the step's first kernel: 4096 tokens on one sequence's empty tables,
+// with Qwen3-30B-A3B's tables (48 layers x 4 KV heads) and OLMoE-1B-7B's (16 x 16).
+void BM_PlanPrompt(benchmark::State& state) {
+  constexpr int kPrompt = 4096;
+  const ModelSpec s = tables_shape(state);
+  KvLayout layout(s, 1, KvFormat{16, DType::kBF16});
+  ForwardBatch batch = prompt_batch(s, kPrompt);
   batch.logit_rows = {kPrompt - 1};
   for (auto _ : state) {
     state.PauseTiming();
@@ -218,15 +230,9 @@ void BM_PlanPrompt(benchmark::State& state) {
 // table comes once a doubling), though its first touches of the new capacity count.
 void BM_PlanDecodeStep(benchmark::State& state) {
   constexpr int kFilled = 4200;
-  ModelSpec s = attention_shape();
-  s.num_layers = static_cast<int>(state.range(0));
-  s.num_kv_heads = static_cast<int>(state.range(1));
-  s.num_heads = 2 * s.num_kv_heads;
-  s.vocab_size = 32000;
+  const ModelSpec s = tables_shape(state);
   KvLayout layout(s, 1, KvFormat{16, DType::kBF16});
-  ForwardBatch fill;
-  for (int t = 0; t < kFilled; ++t) fill.add(t % s.vocab_size, 0, t);
-  plan_step(s, fill, layout);
+  plan_step(s, prompt_batch(s, kFilled), layout);
   for (auto _ : state) {
     ForwardBatch batch;
     batch.add(1, 0, layout.next_position(0));

@@ -14,6 +14,7 @@
 # An empty list skips its step; CHECK, DUR and TIME default to the variants built.
 set -u
 res=${OUT:?OUT names the folder whose files come back}
+[ -d build-next/device-all ] || { echo "call.sh: no build-next/device-all (tools/variants/build.sh makes it; carry build-next)" >&2; exit 2; }
 export OUT=/tmp/call-results
 mkdir -p "$OUT"
 J="bash tools/variants/job.sh"
