@@ -19,6 +19,8 @@ Kernels launched one by one (a prompt's step, which is not captured) are split i
 the GPU idles for more than --run-gap-ms; for each run of at least --min-kernels kernels it prints
 the span from its first kernel's start to its last one's end, the idle time inside that span and
 the largest idle gap. A step's wall time less its span is host work before and after its kernels.
+Between a graph's replays it prints the kernels launched one by one (a step's token draw) and how
+long after a replay's end the next one starts (under the trace, which adds host time of its own).
 """
 import argparse
 import collections
@@ -125,7 +127,30 @@ def main():
         exposed_sum = sum(statistics.median(v[1]) for v in per_name.values()) / 1e3 / layers
         gap_sum = sum(statistics.median(v[2]) for v in per_name.values()) / 1e3 / layers
         print(f"  sum of medians: exposed {exposed_sum:.2f}, gaps {gap_sum:.2f} us per layer")
+        between_replays(runs, eager)
     eager_runs(sorted(eager, key=lambda k: k["start"]), args.run_gap_ms * 1e6, args.min_kernels)
+
+
+def between_replays(runs, eager):
+    """What ran between consecutive replays: each kernel launched one by one after a replay and
+    before the next (a step's token draw), median duration per kernel, and the median time from a
+    replay's last end to the next replay's first start (the host's part of a step, and the
+    kernels and copies outside the graph)."""
+    bounds = [(min(k["start"] for k in r), max(k["end"] for k in r)) for r in runs]
+    durations = collections.defaultdict(list)
+    waits = []
+    for (_, end), (next_start, _) in zip(bounds, bounds[1:]):
+        waits.append(next_start - end)
+        for k in eager:
+            if end <= k["start"] < next_start:
+                durations[k["name"]].append(k["end"] - k["start"])
+    if not waits:
+        return
+    kernels = "; ".join(f"{statistics.median(d) / 1e3:.2f} us {name} (x{len(d)})"
+                        for name, d in sorted(durations.items()))
+    wait = statistics.median(waits) / 1e3
+    print(f"  between {len(waits)} pairs of replays: the next starts {wait:.1f} us (median) after "
+          f"a replay ends; launched one by one in between: {kernels or 'nothing'}")
 
 
 def eager_runs(kernels, run_gap_ns, min_kernels):
