@@ -95,8 +95,10 @@ size_t step_workspace_bytes(const ModelSpec& s, int step_tokens, int num_sequenc
   const size_t evictions =
       S * L * H * (kDecodeEvictParams + kMaxDecodeEvictions + 1) * sizeof(int32_t) +
       sequence_rows * (2 * sizeof(int32_t) + sizeof(float));
-  // Drawn tokens: the draws, the tokens and the sampler's sort of every row's logits.
+  // Drawn tokens: the draws, the tokens, the greedy reduction's and the sampler's sort of every
+  // row's logits.
   const size_t draws = S * (sizeof(TokenDraw) + sizeof(int32_t)) +
+                       greedy_tokens_workspace(static_cast<int>(S), s.vocab_size) +
                        sample_tokens_workspace(static_cast<int>(S), s.vocab_size);
   const size_t bytes = floats * sizeof(float) + halves * sizeof(uint16_t) + ints * sizeof(int32_t) +
                        decode + evictions + draws + n /* score_query_ */;
@@ -169,6 +171,13 @@ T* CudaBackend::scratch(DeviceBuffer<T>& buffer, size_t count) {
     ++buffers_version_;
   }
   return buffer.data();
+}
+
+uint8_t* CudaBackend::zeroed_scratch(DeviceBuffer<uint8_t>& buffer, size_t bytes) {
+  const bool grows = buffer.size() < bytes;
+  uint8_t* memory = scratch(buffer, bytes);
+  if (grows) EKVA_CUDA_CHECK(cudaMemsetAsync(memory, 0, buffer.bytes(), stream_));
+  return memory;
 }
 
 template <typename T>
@@ -257,39 +266,39 @@ void CudaBackend::plan_decode_attention(const StepPlan& plan, bool scoring) {
                                    s.head_dim,         views_[0].page_size, scoring};
   if (decode_grid_ctas_ == 0) decode_grid_ctas_ = DecodeAttentionPlan::grid_ctas(shape);
   const size_t segments = static_cast<size_t>(plan.num_sequences) * s.num_kv_heads;
+  const auto lengths_of = [&](int l) {
+    return std::span<const int32_t>(plan.lengths).subspan(l * segments, segments);
+  };
+  bool one_plan = true;
+  for (int l = 1; l < s.num_layers && one_plan; ++l) {
+    one_plan = std::ranges::equal(lengths_of(l), lengths_of(0));
+  }
   decode_plans_.clear();
   decode_plans_.reserve(s.num_layers);
   size_t scratch_bytes = 0;
-  for (int l = 0; l < s.num_layers; ++l) {
-    const auto lengths = std::span<const int32_t>(plan.lengths).subspan(l * segments, segments);
-    // Layers that retain the same counts (all of them at full KV) share one schedule.
-    const auto previous =
-        std::span<const int32_t>(plan.lengths).subspan((l > 0 ? l - 1 : 0) * segments, segments);
-    if (l > 0 && std::equal(lengths.begin(), lengths.end(), previous.begin())) {
+  for (int l = 0; l < (one_plan ? 1 : s.num_layers); ++l) {
+    // Layers that retain the same counts share one schedule.
+    if (l > 0 && std::ranges::equal(lengths_of(l), lengths_of(l - 1))) {
       decode_plans_.push_back(decode_plans_.back());
     } else {
-      decode_plans_.emplace_back(shape, lengths, decode_grid_ctas_);
+      decode_plans_.emplace_back(shape, lengths_of(l), decode_grid_ctas_);
     }
     scratch_bytes = std::max(scratch_bytes, decode_plans_.back().scratch_bytes());
   }
   const size_t schedule_bytes = decode_plans_[0].schedule_bytes();
-  const size_t bytes = schedule_bytes * s.num_layers;
+  const size_t bytes = schedule_bytes * decode_plans_.size();
   uint8_t* host = staging(decode_schedules_host_, bytes);
-  for (int l = 0; l < s.num_layers; ++l) {
-    const std::span<const int32_t> schedule = decode_plans_[l].schedule();
-    std::memcpy(host + l * schedule_bytes, schedule.data(), schedule_bytes);
+  for (size_t p = 0; p < decode_plans_.size(); ++p) {
+    const std::span<const int32_t> schedule = decode_plans_[p].schedule();
+    std::memcpy(host + p * schedule_bytes, schedule.data(), schedule_bytes);
   }
   EKVA_CUDA_CHECK(cudaMemcpyAsync(scratch(decode_schedules_, bytes), host, bytes,
                                   cudaMemcpyHostToDevice, stream_));
-  const bool grows = decode_scratch_.size() < scratch_bytes;
-  uint8_t* scratch_memory = scratch(decode_scratch_, scratch_bytes);
-  if (grows) {
-    EKVA_CUDA_CHECK(cudaMemsetAsync(scratch_memory, 0, decode_scratch_.bytes(), stream_));
-  }
+  zeroed_scratch(decode_scratch_, scratch_bytes);
 }
 
-void CudaBackend::attention_block(int layer, const StepPlan& plan, bool decode_kernel,
-                                  bool scoring) {
+void CudaBackend::attention_block(int layer, const StepPlan& plan, bool decode_kernel, bool scoring,
+                                  bool host_reads_queries) {
   const int n = plan.batch.size();
   const DeviceModel& w = *weights_;
   const ModelSpec& s = w.spec();
@@ -319,20 +328,27 @@ void CudaBackend::attention_block(int layer, const StepPlan& plan, bool decode_k
     }
   }
   const size_t decode_rows = static_cast<size_t>(plan.num_sequences) * s.q_dim();
-  uint16_t* q_rows = decode_kernel ? scratch(decode_q_, decode_rows) : nullptr;
-  // The queries' RoPE runs in the append's launch, which writes the decode kernel's query rows.
+  const bool prefill_kernel = !decode_kernel && prefill_attention_supported(d);
+  const bool prompt_votes = scoring && num_voters_ > 0;
+  // The queries' RoPE runs in the append's launch, which writes the tensor-core kernels' bf16
+  // query rows; the float32 kernels (the general one, the prompt's voting) and an observer that
+  // copies them to the host read them in place.
+  uint16_t* q_rows = decode_kernel    ? scratch(decode_q_, decode_rows)
+                     : prefill_kernel ? scratch(prefill_q_, static_cast<size_t>(n) * s.q_dim())
+                                      : nullptr;
   KvAppend append;
   append.queries = q;
   append.num_q_heads = s.num_heads;
-  append.query_rows = sequences_;
+  append.queries_in_place =
+      q_rows == nullptr || host_reads_queries || (prefill_kernel && prompt_votes);
+  append.query_rows = decode_kernel ? sequences_ : nullptr;
   append.query_rows_bf16 = q_rows;
   append.keys = k;
   append.values = v;
   append.sequences = sequences_;
   append.positions = positions_;
   append.slots = slots_ + static_cast<size_t>(layer) * n * s.num_kv_heads;
-  append.inv_freq = w.inv_freq().data();
-  append.attention_factor = w.attention_factor();
+  append.rotations = rotations_.data();
   append.count = n;
   if (norm_in_append) {
     append.q_norm = D.q_norm.data();
@@ -344,14 +360,14 @@ void CudaBackend::attention_block(int layer, const StepPlan& plan, bool decode_k
   if (decode_kernel) {
     // A batch of every sequence in order writes its output rows where the O product reads them.
     uint16_t* out_rows = batch_in_order_ ? out : scratch(decode_out_, decode_rows);
-    decode_plans_[layer].run(
-        views_[layer], q_rows, out_rows, scoring ? score_delta_.data() : nullptr,
-        decode_schedules_.data() + layer * decode_plans_[layer].schedule_bytes(),
-        decode_scratch_.data(), stream_);
+    const DecodeAttentionPlan& attention = decode_plans_[decode_plan_index(layer)];
+    attention.run(views_[layer], q_rows, out_rows, scoring ? score_delta_.data() : nullptr,
+                  decode_schedules_.data() + decode_plan_index(layer) * attention.schedule_bytes(),
+                  decode_scratch_.data(), stream_);
     if (!batch_in_order_) gather_rows(out_rows, sequences_, n, s.q_dim(), out, stream_);
-  } else if (prefill_attention_supported(d)) {
+  } else if (prefill_kernel) {
     PrefillAttention attention;
-    attention.q = q;
+    attention.q = q_rows;
     attention.sequences = sequences_;
     attention.positions = positions_;
     attention.tiles = tiles_;
@@ -359,7 +375,7 @@ void CudaBackend::attention_block(int layer, const StepPlan& plan, bool decode_k
     attention.out = out;
     attention.num_q_heads = s.num_heads;
     prefill_attention(views_[layer], attention, stream_);
-    if (scoring && num_voters_ > 0) {
+    if (prompt_votes) {
       PagedAttention voting;
       voting.q = q;
       voting.tokens = voters_;
@@ -726,7 +742,9 @@ void CudaBackend::run_step(const StepPlan& plan, KvLayout& layout, ForwardObserv
 
   if (draws) {
     int32_t* tokens = scratch(drawn_, rows);
-    greedy_tokens(logits_.data(), rows, s.vocab_size, tokens, stream_);
+    const size_t greedy_bytes = greedy_tokens_workspace(rows, s.vocab_size);
+    greedy_tokens(logits_.data(), rows, s.vocab_size,
+                  zeroed_scratch(greedy_workspace_, greedy_bytes), greedy_bytes, tokens, stream_);
     if (std::any_of(draws->begin(), draws->end(),
                     [](const TokenDraw& d) { return d.temperature > 0.0f; })) {
       TokenDraw* device_draws = scratch(draws_, rows);
@@ -778,8 +796,12 @@ void CudaBackend::forward(const StepPlan& plan, KvLayout& layout, ForwardObserve
   routed_on_device_.clear();
   scratch(x_bf16_, static_cast<size_t>(n) * hidden);
   embed_rows(w.embed().data.data(), tokens_, n, hidden, x, stream_);
+  rope_rotations(positions_, n, w.inv_freq().data(), s.head_dim / 2, w.attention_factor(),
+                 scratch(rotations_, static_cast<size_t>(n) * (s.head_dim / 2)), stream_);
   const float eps = static_cast<float>(s.rms_eps);
   int moe_index = 0;
+  // Such an observer copies each layer's rotated float32 queries (host_routed_experts).
+  const bool host_reads_queries = observer != nullptr && observer->reads_kv();
   // Each residual add (of the block before) runs in the norm that follows it.
   for (int l = 0; l < s.num_layers; ++l) {
     const DeviceLayer& D = w.layer(l);
@@ -789,7 +811,7 @@ void CudaBackend::forward(const StepPlan& plan, KvLayout& layout, ForwardObserve
       add_rms_norm(x, delta_.data(), n, hidden, D.attn_norm.data(), eps, nullptr, x_bf16_.data(),
                    stream_);
     }
-    attention_block(l, plan, decode_kernel, scoring);
+    attention_block(l, plan, decode_kernel, scoring, host_reads_queries);
     add_rms_norm(x, delta_.data(), n, hidden, D.mlp_norm.data(), eps, normed_.data(),
                  x_bf16_.data(), stream_);
     moe_block(l, moe_index, plan, layout, observer);
@@ -816,6 +838,7 @@ void CudaBackend::forward_decode(const StepPlan& plan, KvLayout& layout, bool sc
   shape.disabled = disabled_;
   shape.batch_in_order = batch_in_order_;
   shape.logits_in_order = logits_in_order_;
+  shape.one_decode_plan = decode_plans_.size() == 1;
   shape.buffers = buffers_version_;
   // Captures that read buffers since moved cannot replay.
   std::erase_if(graphs_, [&](StepGraph& g) {

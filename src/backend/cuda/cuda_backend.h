@@ -65,6 +65,8 @@ class CudaBackend : public Backend {
   // The same for page-locked host staging.
   template <typename T>
   T* staging(PinnedBuffer<T>& buffer, size_t count);
+  // Scratch for kernels that leave their workspace as they found it: zeroed when it grows.
+  uint8_t* zeroed_scratch(DeviceBuffer<uint8_t>& buffer, size_t bytes);
   // A step, its logits left in logits_host_, or with draws its tokens in tokens_host_.
   void run_step(const StepPlan& plan, KvLayout& layout, ForwardObserver* observer,
                 std::optional<std::span<const TokenDraw>> draws);
@@ -72,7 +74,8 @@ class CudaBackend : public Backend {
   void upload_step(const std::vector<int32_t>& step_ints);
   // Uploads every layer's block tables unless the device has them; sets views_.
   void upload_tables(const KvLayout& layout);
-  // A decode step's attention schedules, one per layer, to the device (decode_plans_).
+  // A decode step's attention schedules to the device (decode_plans_): one per layer, or one for
+  // all when every layer retains the same counts (full KV, uniform budgets).
   void plan_decode_attention(const StepPlan& plan, bool scoring);
   // Embedding to logits_ (logit rows x vocabulary): every launch of a step, and nothing else, so
   // that a decode step can be captured.
@@ -91,8 +94,10 @@ class CudaBackend : public Backend {
                        const std::vector<size_t>& listed_at, const std::vector<size_t>& pinned_at,
                        const KvLayout& layout, std::vector<TableEviction>& evicted);
   // decode_kernel: the step holds at most one token per sequence, so the decode attention kernel
-  // (one query per sequence over every retained slot) serves it, with decode_plans_[layer].
-  void attention_block(int layer, const StepPlan& plan, bool decode_kernel, bool scoring);
+  // (one query per sequence over every retained slot) serves it, with decode_plan_index(layer).
+  // host_reads_queries: an observer copies the step's rotated float32 queries to the host.
+  void attention_block(int layer, const StepPlan& plan, bool decode_kernel, bool scoring,
+                       bool host_reads_queries);
   void mlp(const DeviceMlp& mlp, const uint16_t* x, int rows, float* y);
   void moe_block(int layer, int moe_index, const StepPlan& plan, KvLayout& layout,
                  ForwardObserver* observer);
@@ -141,6 +146,7 @@ class CudaBackend : public Backend {
   PinnedBuffer<int32_t> tokens_host_;
   DeviceBuffer<TokenDraw> draws_;
   DeviceBuffer<uint8_t> sample_workspace_;
+  DeviceBuffer<uint8_t> greedy_workspace_;
   DeviceBuffer<int32_t> score_rows_;  // the pool rows sync_scores and apply_all copy scores of
   DeviceBuffer<float> row_scores_;
   const int32_t* tokens_ = nullptr;
@@ -160,10 +166,13 @@ class CudaBackend : public Backend {
       shared_weight_, logits_;
   DeviceBuffer<uint16_t> x_bf16_, attn_bf16_, rows_bf16_, hidden_bf16_;
   DeviceBuffer<uint16_t> decode_q_, decode_out_;  // [sequences, query heads, head_dim]
-  // A decode step's attention: a plan per layer, their schedules on the device at fixed places
-  // (layer x schedule bytes), staged in pinned memory, and one scratch the layers share (zeroed
-  // when allocated: runs leave it ready for the next).
+  DeviceBuffer<uint16_t> prefill_q_;              // [tokens, query heads, head_dim]
+  DeviceBuffer<float2> rotations_;                // [tokens, head_dim / 2]: rope_rotations
+  // A decode step's attention: a plan per layer or one that every layer shares, their schedules
+  // on the device at fixed places (plan x schedule bytes), staged in pinned memory, and one
+  // scratch the layers share (zeroed when allocated: runs leave it ready for the next).
   std::vector<DecodeAttentionPlan> decode_plans_;
+  size_t decode_plan_index(int layer) const { return decode_plans_.size() == 1 ? 0 : layer; }
   int64_t decode_grid_ctas_ = 0;
   DeviceBuffer<uint8_t> decode_schedules_, decode_scratch_;
   PinnedBuffer<uint8_t> decode_schedules_host_;
@@ -183,6 +192,7 @@ class CudaBackend : public Backend {
     std::pair<int, int> disabled{-1, -1};
     bool batch_in_order = false;
     bool logits_in_order = false;
+    bool one_decode_plan = false;
     uint64_t buffers = 0;  // buffers_version_ at capture
     bool operator==(const StepShape&) const = default;
   };

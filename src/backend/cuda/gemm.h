@@ -24,7 +24,8 @@ class Gemm {
   // k and v [n, kv_rows] each. One product for decode-sized n, three through cuBLAS.
   void bf16_qkv(const uint16_t* x, int n, const uint16_t* w, int q_rows, int kv_rows, int in,
                 float* y);
-  // float32 throughout (the router, whose top-k must agree with the CPU's).
+  // float32 x, W and y, the products in TF32 (a prompt's router and shared-expert gate: the CUDA
+  // engine tests hold the router logits to the CPU's within their bound).
   void f32(const float* x, int n, const float* w, int out, int in, float* y);
 
  private:

@@ -63,14 +63,14 @@ struct AppendLaunch {
   const int32_t* sequences;
   const int32_t* positions;
   const int32_t* slots;
-  const float* inv_freq;
-  float attention_factor;
+  const float2* rotations;
   int count;
   int num_kv_heads;
   int head_dim;
   int page_size;
   float* queries;  // KvAppend's
   int num_q_heads;
+  bool queries_in_place;
   const int32_t* query_rows;
   uint16_t* query_rows_bf16;
   const float* q_norm;  // KvAppend's, or null
@@ -78,6 +78,8 @@ struct AppendLaunch {
   float norm_eps;
 };
 void launch_append_kv(const AppendLaunch& launch, cudaStream_t stream);
+void launch_rope_rotations(const int32_t* positions, int count, const float* inv_freq, int half,
+                           float attention_factor, float2* rotations, cudaStream_t stream);
 
 struct CompactLaunch {
   uint16_t* pool;

@@ -37,15 +37,17 @@ void append_kv(const PagedKvLayer& kv, const KvAppend& append, cudaStream_t stre
   }
   if (append.count == 0) return;
   if (append.keys == nullptr || append.values == nullptr || append.sequences == nullptr ||
-      append.positions == nullptr || append.slots == nullptr || append.inv_freq == nullptr) {
+      append.positions == nullptr || append.slots == nullptr || append.rotations == nullptr) {
     fail(ErrorKind::kInvalidArgument,
-         "append_kv: keys, values, sequences, positions, slots and inv_freq must be set");
+         "append_kv: keys, values, sequences, positions, slots and rotations must be set");
   }
-  if (append.queries != nullptr && (append.num_q_heads <= 0 || (append.query_rows_bf16 != nullptr &&
-                                                                append.query_rows == nullptr))) {
-    fail(ErrorKind::kInvalidArgument,
-         "append_kv: queries need their head count ({}), and bf16 query rows their row ids",
-         append.num_q_heads);
+  if (append.queries != nullptr &&
+      (append.num_q_heads <= 0 ||
+       (!append.queries_in_place && append.query_rows_bf16 == nullptr))) {
+    fail(
+        ErrorKind::kInvalidArgument,
+        "append_kv: queries need their head count ({}) and somewhere to go (in place or bf16 rows)",
+        append.num_q_heads);
   }
   if ((append.q_norm == nullptr) != (append.k_norm == nullptr) ||
       (append.q_norm != nullptr && append.queries == nullptr)) {
@@ -54,19 +56,44 @@ void append_kv(const PagedKvLayer& kv, const KvAppend& append, cudaStream_t stre
          "queries {})",
          append.q_norm != nullptr, append.k_norm != nullptr, append.queries != nullptr);
   }
-  launch_append_kv({kv.pool,           kv.meta,
-                    kv.page_ids,       kv.page_offsets,
-                    kv.lengths,        append.keys,
-                    append.values,     append.sequences,
-                    append.positions,  append.slots,
-                    append.inv_freq,   append.attention_factor,
-                    append.count,      kv.num_kv_heads,
-                    kv.head_dim,       kv.page_size,
-                    append.queries,    append.queries != nullptr ? append.num_q_heads : 0,
-                    append.query_rows, append.query_rows_bf16,
-                    append.q_norm,     append.k_norm,
+  launch_append_kv({kv.pool,
+                    kv.meta,
+                    kv.page_ids,
+                    kv.page_offsets,
+                    kv.lengths,
+                    append.keys,
+                    append.values,
+                    append.sequences,
+                    append.positions,
+                    append.slots,
+                    append.rotations,
+                    append.count,
+                    kv.num_kv_heads,
+                    kv.head_dim,
+                    kv.page_size,
+                    append.queries,
+                    append.queries != nullptr ? append.num_q_heads : 0,
+                    append.queries_in_place,
+                    append.query_rows,
+                    append.query_rows_bf16,
+                    append.q_norm,
+                    append.k_norm,
                     append.norm_eps},
                    stream);
+}
+
+void rope_rotations(const int32_t* positions, int count, const float* inv_freq, int half,
+                    float attention_factor, float2* rotations, cudaStream_t stream) {
+  if (count < 0 || half <= 0) {
+    fail(ErrorKind::kInvalidArgument, "rope_rotations: needs count >= 0 and half > 0 (got {}, {})",
+         count, half);
+  }
+  if (count == 0) return;
+  if (positions == nullptr || inv_freq == nullptr || rotations == nullptr) {
+    fail(ErrorKind::kInvalidArgument,
+         "rope_rotations: positions, inv_freq and rotations must be set");
+  }
+  launch_rope_rotations(positions, count, inv_freq, half, attention_factor, rotations, stream);
 }
 
 size_t compaction_workspace_bytes(int64_t pool_rows, int num_segments) {

@@ -43,7 +43,8 @@ __device__ AppendTarget append_target(const AppendLaunch& p, bool is_key, int64_
     t.skip = t.slot < 0 || t.slot / p.page_size >= table_pages;
     if (!t.skip) t.pool_index = pool_row(table, t.slot, p.page_size);
   } else if (p.query_rows_bf16 != nullptr) {
-    t.query_row = static_cast<int64_t>(p.query_rows[token]) * p.num_q_heads +
+    const int query_row = p.query_rows != nullptr ? p.query_rows[token] : token;
+    t.query_row = static_cast<int64_t>(query_row) * p.num_q_heads +
                   (row_head - static_cast<int64_t>(token) * p.num_q_heads);
   }
   return t;
@@ -76,14 +77,15 @@ __global__ void __launch_bounds__(kAppendWarps * 32) append_kv_kernel(const Appe
     // The row's loads are issued before a later row's lookups and before anything is stored (the
     // queries are rotated in place).
     float a[kAppendPairsPerLane] = {}, b[kAppendPairsPerLane] = {}, va[kAppendPairsPerLane] = {},
-          vb[kAppendPairsPerLane] = {}, freq[kAppendPairsPerLane] = {};
+          vb[kAppendPairsPerLane] = {};
+    float2 rotation[kAppendPairsPerLane] = {};
 #pragma unroll
     for (int k = 0; k < kAppendPairsPerLane; ++k) {
       const int pair = lane + 32 * k;
       if (pair >= half) continue;
       a[k] = x[pair];
       b[k] = x[pair + half];
-      freq[k] = p.inv_freq[pair];
+      rotation[k] = p.rotations[static_cast<int64_t>(token) * half + pair];
       if (is_key) {
         va[k] = p.values[row_head * d + pair];
         vb[k] = p.values[row_head * d + pair + half];
@@ -114,8 +116,7 @@ __global__ void __launch_bounds__(kAppendWarps * 32) append_kv_kernel(const Appe
         a[k] = __fmul_rn(__fmul_rn(a[k], inv), norm[pair]);
         b[k] = __fmul_rn(__fmul_rn(b[k], inv), norm[pair + half]);
       }
-      const float2 rotated =
-          rope_rotate(a[k], b[k], rope_cos_sin(position, freq[k], p.attention_factor));
+      const float2 rotated = rope_rotate(a[k], b[k], rotation[k]);
       if (is_key) {
         uint16_t* value = key + static_cast<int64_t>(p.page_size) * d;
         key[pair] = to_bf16_bits(rotated.x);
@@ -124,8 +125,10 @@ __global__ void __launch_bounds__(kAppendWarps * 32) append_kv_kernel(const Appe
         value[pair + half] = to_bf16_bits(vb[k]);
         continue;
       }
-      query[pair] = rotated.x;
-      query[pair + half] = rotated.y;
+      if (p.queries_in_place) {
+        query[pair] = rotated.x;
+        query[pair + half] = rotated.y;
+      }
       if (p.query_rows_bf16 != nullptr) {
         uint16_t* out = p.query_rows_bf16 + target.query_row * d;
         out[pair] = to_bf16_bits(rotated.x);
@@ -140,6 +143,16 @@ __global__ void __launch_bounds__(kAppendWarps * 32) append_kv_kernel(const Appe
       }
       atomicMax(p.lengths + segment, slot + 1);
     }
+  }
+}
+
+__global__ void rope_rotations_kernel(const int32_t* positions, int count, const float* inv_freq,
+                                      int half, float attention_factor, float2* rotations) {
+  follow_prior_grid();
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+       i < static_cast<int64_t>(count) * half; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int t = static_cast<int>(i / half), pair = static_cast<int>(i - t * half);
+    rotations[i] = rope_cos_sin(positions[t], inv_freq[pair], attention_factor);
   }
 }
 
@@ -531,6 +544,15 @@ void launch_append_kv(const AppendLaunch& launch, cudaStream_t stream) {
   const int blocks =
       static_cast<int>(std::min<int64_t>((rows + kAppendWarps - 1) / kAppendWarps, 8192));
   launch_overlapping(append_kv_kernel, dim3(blocks), dim3(kAppendWarps * 32), 0, stream, launch);
+  EKVA_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_rope_rotations(const int32_t* positions, int count, const float* inv_freq, int half,
+                           float attention_factor, float2* rotations, cudaStream_t stream) {
+  constexpr int kThreads = 256;
+  launch_overlapping(rope_rotations_kernel,
+                     dim3(grid_for(static_cast<int64_t>(count) * half, kThreads)), dim3(kThreads),
+                     0, stream, positions, count, inv_freq, half, attention_factor, rotations);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 

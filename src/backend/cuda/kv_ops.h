@@ -20,15 +20,16 @@ struct KvAppend {
   // [count, num_kv_heads]: destination slot of each (token, KV head); its page must already be in
   // the block table. A slot outside the table is skipped.
   const int32_t* slots = nullptr;
-  const float* inv_freq = nullptr;  // [head_dim / 2], scaling already applied (cpu::Rope's)
-  float attention_factor = 1.0f;    // multiplies cos and sin (YaRN)
+  const float2* rotations = nullptr;  // [count, head_dim / 2]: rope_rotations of the positions
   int count = 0;
-  // When set, the step's queries [count, num_q_heads, head_dim] are rotated in place in the same
-  // launch (one kernel less per layer), and written in bf16 as row query_rows[t] of
-  // query_rows_bf16 ([sequences, num_q_heads, head_dim]: the decode attention's query rows) when
-  // that is set too.
+  // When set, the step's queries [count, num_q_heads, head_dim] are rotated in the same launch
+  // (one kernel less per layer): in place when queries_in_place, and in bf16 as row query_rows[t]
+  // (row t where query_rows is null) of query_rows_bf16 when that is set (the decode attention's
+  // rows [sequences, num_q_heads, head_dim], or the prefill attention's). Bf16 rows alone halve
+  // the bytes of queries a prompt's append writes and its attention reads.
   float* queries = nullptr;
   int num_q_heads = 0;
+  bool queries_in_place = true;
   const int32_t* query_rows = nullptr;
   uint16_t* query_rows_bf16 = nullptr;
   // Per-head RMSNorm weights [head_dim] of the queries and keys (Qwen3's QK-norm), both or
@@ -38,6 +39,13 @@ struct KvAppend {
   const float* k_norm = nullptr;
   float norm_eps = 0.0f;
 };
+
+// The rotary factors of a step's tokens, which every layer's append reads: rotations[t * half + i]
+// = (cos, sin)(positions[t] * inv_freq[i]) * attention_factor, computed as cpu::Rope computes them
+// (the angle in float32, its cosine and sine in double). Once per step: every layer and head of a
+// token shares them.
+void rope_rotations(const int32_t* positions, int count, const float* inv_freq, int half,
+                    float attention_factor, float2* rotations, cudaStream_t stream);
 
 // Writes rotate-half-RoPE'd keys and the values as bf16, metadata {position, expert -1, score 0}
 // when kv.meta is set, and raises each segment's length to cover the written slots.

@@ -159,8 +159,8 @@ struct RoutePick {
   float gate;
 };
 
-// One warp routes one token from its logits l (read through L2: route_experts_kernel's are written
-// by other CTAs of the same grid). Lane i < top_k returns the i-th pick.
+// One warp routes one token from its logits l (in global or shared memory). Lane i < top_k returns
+// the i-th pick.
 __device__ RoutePick route_token(const float* l, int num_experts, int top_k, bool renormalise,
                                  int32_t* experts, float* gates) {
   const int lane = threadIdx.x % 32;
@@ -169,7 +169,7 @@ __device__ RoutePick route_token(const float* l, int num_experts, int top_k, boo
 #pragma unroll
   for (int j = 0; j < kMaxExpertsPerLane; ++j) {
     const int e = lane + 32 * j;
-    p[j] = e < num_experts ? __ldcg(l + e) : -FLT_MAX;
+    p[j] = e < num_experts ? l[e] : -FLT_MAX;
     mx = fmaxf(mx, p[j]);
   }
   for (int offset = 16; offset > 0; offset /= 2)
@@ -245,6 +245,7 @@ __global__ void __launch_bounds__(kRouterThreads)
                          int top_k, bool renormalise, float* logits, int32_t* experts, float* gates,
                          uint32_t* workspace, const MoePairs one_token_pairs) {
   __shared__ float partial[kRouterThreads / 32];
+  __shared__ float token_logits[32 * kMaxExpertsPerLane];  // the last CTA's
   __shared__ bool last;
   const int e = blockIdx.x / slices, s = blockIdx.x % slices, token = blockIdx.y;
   const int quads = hidden / 4 / slices;
@@ -294,13 +295,12 @@ __global__ void __launch_bounds__(kRouterThreads)
   __syncthreads();
   if (!last) return;
   __threadfence();  // every slice of the token is visible once its count is complete
-  float* token_logits = logits + static_cast<int64_t>(token) * num_experts;
   for (int i = threadIdx.x; i < num_experts; i += kRouterThreads) {
     float logit = 0.0f;
     for (int j = 0; j < slices; ++j) logit += __ldcg(partials + i * slices + j);
+    logits[static_cast<int64_t>(token) * num_experts + i] = logit;
     token_logits[i] = logit;
   }
-  __threadfence();  // route_token reads the logits through L2
   __syncthreads();
   if (warp != 0) return;
   const auto [expert, gate] = route_token(token_logits, num_experts, top_k, renormalise,
@@ -413,57 +413,6 @@ __global__ void fill_constant_kernel(float* x, int64_t count, float value) {
 }
 
 #undef EKVA_FOR_EACH
-
-// One CTA per row: each thread keeps its best (value, lowest id) and its first non-finite entry,
-// then the CTA reduces them.
-constexpr int kGreedyThreads = 1024;
-__global__ void __launch_bounds__(kGreedyThreads)
-    greedy_kernel(const float* logits, int vocab, int32_t* out) {
-  follow_prior_grid();
-  __shared__ float best_value[kGreedyThreads / 32];
-  __shared__ int best_id[kGreedyThreads / 32];
-  __shared__ int first_bad[kGreedyThreads / 32];
-  const float* row = logits + static_cast<int64_t>(blockIdx.x) * vocab;
-  float value = -INFINITY;
-  int id = vocab;
-  int bad = vocab;
-  for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-    const float x = row[i];
-    if (!isfinite(x)) {
-      bad = min(bad, i);
-    } else if (x > value || id == vocab) {
-      value = x;
-      id = i;
-    }
-  }
-  const auto better = [](float v, int i, float w, int j) { return v > w || (v == w && i < j); };
-  for (int offset = 16; offset > 0; offset /= 2) {
-    const float v = __shfl_xor_sync(0xffffffffu, value, offset);
-    const int j = __shfl_xor_sync(0xffffffffu, id, offset);
-    if (j < vocab && (id == vocab || better(v, j, value, id))) {
-      value = v;
-      id = j;
-    }
-    bad = min(bad, __shfl_xor_sync(0xffffffffu, bad, offset));
-  }
-  const int warp = threadIdx.x / 32;
-  if (threadIdx.x % 32 == 0) {
-    best_value[warp] = value;
-    best_id[warp] = id;
-    first_bad[warp] = bad;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) {
-      if (best_id[w] < vocab && (id == vocab || better(best_value[w], best_id[w], value, id))) {
-        value = best_value[w];
-        id = best_id[w];
-      }
-      bad = min(bad, first_bad[w]);
-    }
-    out[blockIdx.x] = bad < vocab ? -1 - bad : id;
-  }
-}
 
 }  // namespace
 
@@ -595,13 +544,6 @@ void fill_constant(float* x, int64_t count, float value, cudaStream_t stream) {
 
 void sigmoid_in_place(float* x, int count, cudaStream_t stream) {
   launch_overlapping(sigmoid_kernel, dim3(grid_for(count)), dim3(kThreads), 0, stream, x, count);
-  EKVA_CUDA_CHECK(cudaGetLastError());
-}
-
-void greedy_tokens(const float* logits, int rows, int vocab, int32_t* out, cudaStream_t stream) {
-  if (rows == 0) return;
-  launch_overlapping(greedy_kernel, dim3(rows), dim3(kGreedyThreads), 0, stream, logits, vocab,
-                     out);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -79,7 +79,7 @@ void paged_attention(const PagedKvLayer& kv, const PagedAttention& attention, cu
 // kPrefillTileTokens tokens of one sequence. head_dim 32, 64 or 128 (prefill_attention_supported).
 inline constexpr int kPrefillTileTokens = 128;
 struct PrefillAttention {
-  const float* q = nullptr;
+  const uint16_t* q = nullptr;  // bf16 [n, num_q_heads, head_dim], rotated
   const int32_t* sequences = nullptr;
   const int32_t* positions = nullptr;
   const int32_t* tiles = nullptr;
@@ -207,9 +207,13 @@ void combine_pairs(const float* y, const MoePairs& pairs, int n, int top_k, int 
 void combine_pairs(const uint16_t* y, const MoePairs& pairs, int n, int top_k, int hidden,
                    int disabled_expert, float* out, cudaStream_t stream);
 
+// Workspace bytes of greedy_tokens for rows of vocab logits.
+size_t greedy_tokens_workspace(int rows, int vocab);
 // out[r] = the lowest id among the largest entries of logits row r ([rows, vocab]), or -1 - e when
-// entry e is the row's first that is not finite (Backend::run_greedy).
-void greedy_tokens(const float* logits, int rows, int vocab, int32_t* out, cudaStream_t stream);
+// entry e is the row's first that is not finite (Backend::run_greedy). The workspace is zero before
+// its first call, and each call leaves it so (its per-row counters) for the next.
+void greedy_tokens(const float* logits, int rows, int vocab, void* workspace,
+                   size_t workspace_bytes, int32_t* out, cudaStream_t stream);
 
 // Workspace bytes of sample_tokens for rows of vocab logits.
 size_t sample_tokens_workspace(int rows, int vocab);

@@ -411,6 +411,22 @@ __global__ void __launch_bounds__(GroupedGemmShape<Tokens>::kWarps * 32, 1)
   }
   cp_async_wait_all();
 
+  // Calls f(mt, nt, e, r, t) for each of the warp's sums whose output row r (of `rows`) and token
+  // t (of the group's) exist: the three epilogues differ only in what they write.
+  const auto for_each_sum = [&](int rows, auto&& f) {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int nt = 0; nt < Shape::kWarpTokens / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = row0 + warp_row0 + mt * 16 + lane / 4 + (e / 2) * 8;
+          const int t = nt * 8 + (lane % 4) * 2 + e % 2;
+          if (r < rows && t < count) f(mt, nt, e, r, t);
+        }
+      }
+    }
+  };
   if constexpr (Shape::kWide) {
     if (swiglu) {
       // The warps of the first kRows / 2 tile rows hold gate sums, those after them the up sums
@@ -434,60 +450,28 @@ __global__ void __launch_bounds__(GroupedGemmShape<Tokens>::kWarps * 32, 1)
       }
       __syncthreads();
       if (!gate_warp) return;
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-        for (int nt = 0; nt < Shape::kWarpTokens / 8; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int r = row0 + warp_row0 + mt * 16 + lane / 4 + (e / 2) * 8;
-            const int t = nt * 8 + (lane % 4) * 2 + e % 2;
-            if (r >= half_rows || t >= count) continue;
-            g.swiglu_out[static_cast<int64_t>(first + t) * half_rows + r] =
-                swiglu_bf16(acc[mt][nt][e], up[local(mt, nt, e)]);
-          }
-        }
-      }
+      for_each_sum(half_rows, [&](int mt, int nt, int e, int r, int t) {
+        g.swiglu_out[static_cast<int64_t>(first + t) * half_rows + r] =
+            swiglu_bf16(acc[mt][nt][e], up[local(mt, nt, e)]);
+      });
       return;
     }
     if (g.out_bf16 != nullptr) {
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-        for (int nt = 0; nt < Shape::kWarpTokens / 8; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int r = row0 + warp_row0 + mt * 16 + lane / 4 + (e / 2) * 8;
-            const int t = nt * 8 + (lane % 4) * 2 + e % 2;
-            if (r >= g.out_rows || t >= count) continue;
-            g.out_bf16[static_cast<int64_t>(first + t) * g.out_rows + r] =
-                to_bf16_bits(acc[mt][nt][e]);
-          }
-        }
-      }
+      for_each_sum(g.out_rows, [&](int mt, int nt, int e, int r, int t) {
+        g.out_bf16[static_cast<int64_t>(first + t) * g.out_rows + r] = to_bf16_bits(acc[mt][nt][e]);
+      });
       return;
     }
   }
   const bool split = gridDim.z > 1;
-#pragma unroll
-  for (int mt = 0; mt < kMTiles; ++mt) {
-    const int row = row0 + warp_row0 + mt * 16 + lane / 4;
-#pragma unroll
-    for (int nt = 0; nt < Shape::kWarpTokens / 8; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = row + (e / 2) * 8;
-        const int t = nt * 8 + (lane % 4) * 2 + e % 2;
-        if (r >= g.out_rows || t >= count) continue;
-        float* out = output_address(g, first, count, t, r);
-        if (split) {
-          atomicAdd(out, acc[mt][nt][e]);
-        } else {
-          *out = acc[mt][nt][e];
-        }
-      }
+  for_each_sum(g.out_rows, [&](int mt, int nt, int e, int r, int t) {
+    float* out = output_address(g, first, count, t, r);
+    if (split) {
+      atomicAdd(out, acc[mt][nt][e]);
+    } else {
+      *out = acc[mt][nt][e];
     }
-  }
+  });
 }
 
 // A product whose groups have one input row each (batch-1 decode) is a GEMV, bound by the weight

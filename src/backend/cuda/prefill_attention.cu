@@ -79,11 +79,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int r = c / kChunks, chunk = c % kChunks;
     uint4 packed = make_uint4(0, 0, 0, 0);
     if (r < count) {
-      const float4* src = reinterpret_cast<const float4*>(
+      packed = *reinterpret_cast<const uint4*>(
           a.q + (static_cast<int64_t>(first + r) * a.num_q_heads + h) * D + chunk * 8);
-      const float4 lo = src[0], hi = src[1];
-      packed = make_uint4(pack_bf16(lo.x, lo.y), pack_bf16(lo.z, lo.w), pack_bf16(hi.x, hi.y),
-                          pack_bf16(hi.z, hi.w));
     }
     *reinterpret_cast<uint4*>(q_tile + operand_at<kPrefillTileTokens>(r, chunk)) = packed;
   }

@@ -1,4 +1,7 @@
-// Tokens drawn where the logits are (draw_token's definition). A draw without cuts walks its row
+// Tokens drawn where the logits are (draw_token's definition). The greedy token of every row comes
+// first: a row's chunks go to CTAs of their own, each loading all its entries before comparing any
+// (a vocabulary's row is hundreds of kB, too much for one CTA's loads in flight), and the CTA that
+// completes a row's chunks reduces their bests. A sampled draw without cuts walks its row
 // in id order; one with cuts reaches only a prefix of its candidates best first: the top-k, or
 // those before the top-p cut or the drawn token. One
 // CTA per row bounds that prefix from a histogram of the weights and keeps the candidates above the
@@ -46,6 +49,73 @@ __device__ __forceinline__ float candidate_logit(uint64_t key) {
 }
 __device__ __forceinline__ int candidate_id(uint64_t key) {
   return static_cast<int>(0xffffffffu - static_cast<uint32_t>(key));
+}
+
+constexpr int kGreedyThreads = 256;
+constexpr int kGreedyItems = 16;  // entries per thread
+constexpr int kGreedyChunk = kGreedyThreads * kGreedyItems;
+
+// Larger is better: a finite entry's candidate key, below every entry that is not finite, of which
+// the earlier is the larger; 0 for no entry.
+__device__ __forceinline__ uint64_t greedy_key(float logit, int id) {
+  return isfinite(logit) ? candidate_key(logit, id)
+                         : 0xffffffff00000000ull | (0xffffffffu - static_cast<uint32_t>(id));
+}
+__device__ __forceinline__ uint64_t warp_max(uint64_t key) {
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const uint64_t other = __shfl_xor_sync(0xffffffffu, key, offset);
+    key = other > key ? other : key;
+  }
+  return key;
+}
+
+// CTA (c, r): chunk c of row r. chunk_keys: [rows, chunks]; row_counters: [rows], zero on entry.
+__global__ void __launch_bounds__(kGreedyThreads)
+    greedy_kernel(const float* logits, int vocab, uint64_t* chunk_keys, int* row_counters,
+                  int32_t* out) {
+  __shared__ uint64_t warp_keys[kGreedyThreads / 32];
+  follow_prior_grid();
+  const int row = blockIdx.y;
+  const int chunks = static_cast<int>(gridDim.x);
+  const float* x = logits + static_cast<int64_t>(row) * vocab;
+  const int first = static_cast<int>(blockIdx.x) * kGreedyChunk + static_cast<int>(threadIdx.x);
+  float v[kGreedyItems];
+#pragma unroll
+  for (int u = 0; u < kGreedyItems; ++u) {
+    v[u] = x[min(first + u * kGreedyThreads, vocab - 1)];  // unconditional: all in flight at once
+  }
+  uint64_t key = 0;
+#pragma unroll
+  for (int u = 0; u < kGreedyItems; ++u) {
+    const int i = first + u * kGreedyThreads;
+    const uint64_t k = i < vocab ? greedy_key(v[u], i) : 0;
+    key = k > key ? k : key;
+  }
+  key = warp_max(key);
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  if (lane == 0) warp_keys[warp] = key;
+  __syncthreads();
+  uint64_t* row_keys = chunk_keys + static_cast<int64_t>(row) * chunks;
+  bool last = false;
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kGreedyThreads / 32; ++w) key = warp_keys[w] > key ? warp_keys[w] : key;
+    row_keys[blockIdx.x] = key;
+    // Acquire-release: this chunk's key before the count, the other chunks' before the reduction.
+    last = count_in(row_counters + row) == chunks - 1;
+  }
+  if (!__syncthreads_or(last) || warp != 0) return;
+  uint64_t best = 0;
+  for (int c = lane; c < chunks; c += 32) {
+    const uint64_t k = __ldcg(row_keys + c);  // written by other CTAs in this launch: not from L1
+    best = k > best ? k : best;
+  }
+  best = warp_max(best);
+  if (lane == 0) {
+    const int id = candidate_id(best);
+    out[row] = static_cast<uint32_t>(best >> 32) == 0xffffffffu ? -1 - id : id;
+    row_counters[row] = 0;
+  }
 }
 
 // The draw's top-k, 0 when it keeps every candidate.
@@ -285,7 +355,41 @@ void check_shape(int rows, int vocab) {
   }
 }
 
+int greedy_chunks(int vocab) {
+  return (vocab + kGreedyChunk - 1) / kGreedyChunk;
+}
+
+// The greedy workspace: a counter per row, then each row's chunk keys.
+size_t greedy_counters_bytes(int rows) {
+  return align_up(static_cast<size_t>(rows) * sizeof(int32_t));
+}
+
 }  // namespace
+
+size_t greedy_tokens_workspace(int rows, int vocab) {
+  if (rows < 0 || rows > 65535 || vocab <= 0) {
+    fail(ErrorKind::kUnsupported, "greedy_tokens: {} rows of {} logits (at most 65535 rows)", rows,
+         vocab);
+  }
+  return greedy_counters_bytes(rows) +
+         static_cast<size_t>(rows) * greedy_chunks(vocab) * sizeof(uint64_t);
+}
+
+void greedy_tokens(const float* logits, int rows, int vocab, void* workspace,
+                   size_t workspace_bytes, int32_t* out, cudaStream_t stream) {
+  const size_t need = greedy_tokens_workspace(rows, vocab);
+  if (rows == 0) return;
+  if (workspace == nullptr || workspace_bytes < need) {
+    fail(ErrorKind::kInvalidArgument, "greedy_tokens: a workspace of {} bytes, {} needed",
+         workspace == nullptr ? 0 : workspace_bytes, need);
+  }
+  auto* base = static_cast<char*>(workspace);
+  launch_overlapping(greedy_kernel, dim3(greedy_chunks(vocab), rows), dim3(kGreedyThreads), 0,
+                     stream, logits, vocab,
+                     reinterpret_cast<uint64_t*>(base + greedy_counters_bytes(rows)),
+                     reinterpret_cast<int*>(base), out);
+  EKVA_CUDA_CHECK(cudaGetLastError());
+}
 
 size_t sample_tokens_workspace(int rows, int vocab) {
   check_shape(rows, vocab);

@@ -47,8 +47,9 @@ EngineOptions gpu_options(int num_sequences = 1) {
 }
 
 // What a server keeps free for its steps covers the largest vocabulary-sized buffers of a step
-// that draws every row's token: the logits and the sampler's sort of them (two 8-byte keys per
-// logit), each grown to up to twice its need. (The sort's size is cub's, asked of the device.)
+// that draws every row's token: the logits, the greedy reduction's workspace and the sampler's sort
+// of them (two 8-byte keys per logit), each grown to up to twice its need. (The sort's size is
+// cub's, asked of the device.)
 TEST(StepWorkspace, CoversTheLogitsAndTheSamplersSort) {
   EKVA_SKIP_WITHOUT_GPU();
   const ModelSpec spec =
@@ -56,7 +57,8 @@ TEST(StepWorkspace, CoversTheLogitsAndTheSamplersSort) {
   for (const int rows : {1, 64, 256}) {
     const size_t logits = static_cast<size_t>(rows) * spec.vocab_size * sizeof(float);
     EXPECT_GE(step_workspace_bytes(spec, rows, rows, 1024, 16),
-              2 * (logits + sample_tokens_workspace(rows, spec.vocab_size)))
+              2 * (logits + greedy_tokens_workspace(rows, spec.vocab_size) +
+                   sample_tokens_workspace(rows, spec.vocab_size)))
         << rows << " rows";
   }
 }

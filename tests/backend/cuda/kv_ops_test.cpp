@@ -34,7 +34,9 @@ bool within_one_ulp(uint16_t a, uint16_t b) {
   return std::abs(int(a) - int(b)) <= 1;
 }
 
-// With QK-norm weights, each head normalised as cpu::rms_norm normalises it, then rotated.
+// With QK-norm weights, each head normalised as cpu::rms_norm normalises it, then rotated. The
+// queries are rotated in place, or (QK-norm cases) written as bf16 rows alone, as a prompt's
+// tensor-core attention reads them.
 TEST_F(KvOpsTest, AppendAppliesRopeLikeCpu) {
   for (const auto& [head_dim, with_norm] :
        {std::pair{64, false}, std::pair{128, false}, std::pair{128, true}, std::pair{32, true}}) {
@@ -85,13 +87,16 @@ TEST_F(KvOpsTest, AppendAppliesRopeLikeCpu) {
     DeviceBuffer<float> queries_d{std::span<const float>(queries)};
     DeviceBuffer<int32_t> seq_d{std::span<const int32_t>(sequences)},
         pos_d{std::span<const int32_t>(positions)}, slots_d{std::span<const int32_t>(slots)};
+    DeviceBuffer<float2> rotations_d(static_cast<size_t>(count) * (head_dim / 2));
+    rope_rotations(pos_d.data(), count, inv_freq_d.data(), head_dim / 2, 1.0f, rotations_d.data(),
+                   nullptr);
     KvAppend append;
     append.keys = keys_d.data();
     append.values = values_d.data();
     append.sequences = seq_d.data();
     append.positions = pos_d.data();
     append.slots = slots_d.data();
-    append.inv_freq = inv_freq_d.data();
+    append.rotations = rotations_d.data();
     append.count = count;
     append.queries = queries_d.data();
     append.num_q_heads = num_q_heads;
@@ -102,10 +107,13 @@ TEST_F(KvOpsTest, AppendAppliesRopeLikeCpu) {
     constexpr float kEps = 1e-6f;
     DeviceBuffer<float> q_norm_d{std::span<const float>(q_norm)},
         k_norm_d{std::span<const float>(k_norm)};
+    DeviceBuffer<uint16_t> query_rows_d(queries.size());
     if (with_norm) {
       append.q_norm = q_norm_d.data();
       append.k_norm = k_norm_d.data();
       append.norm_eps = kEps;
+      append.queries_in_place = false;
+      append.query_rows_bf16 = query_rows_d.data();
     }
     append_kv(kv.view(), append, nullptr);
     EKVA_CUDA_CHECK(cudaDeviceSynchronize());
@@ -124,9 +132,19 @@ TEST_F(KvOpsTest, AppendAppliesRopeLikeCpu) {
                  num_q_heads, &positions[t]);
     }
     const std::vector<float> got_queries = queries_d.download();
-    for (size_t i = 0; i < got_queries.size(); ++i) {
-      ASSERT_NEAR(got_queries[i], roped_queries[i], 1e-3f * (1.0f + std::fabs(roped_queries[i])))
-          << "query element " << i;
+    if (with_norm) {
+      EXPECT_EQ(got_queries, queries) << "queries not wanted in place were written";
+      const std::vector<uint16_t> rows = query_rows_d.download();
+      for (size_t i = 0; i < rows.size(); ++i) {
+        ASSERT_TRUE(within_one_ulp(rows[i], f32_to_bf16(roped_queries[i])))
+            << "query element " << i << ": " << bf16_to_f32(rows[i]) << " against "
+            << roped_queries[i];
+      }
+    } else {
+      for (size_t i = 0; i < got_queries.size(); ++i) {
+        ASSERT_NEAR(got_queries[i], roped_queries[i], 1e-3f * (1.0f + std::fabs(roped_queries[i])))
+            << "query element " << i;
+      }
     }
     const std::vector<uint16_t> pool = kv.pool().download();
     const std::vector<TokenMeta> meta = kv.meta().download();
@@ -348,9 +366,11 @@ TEST(KvOpsHostTest, RejectsBadArguments) {
   uint16_t pool = 0;
   int32_t ints = 0;
   float floats = 0.0f;
+  float2 rotation{};
   PagedKvLayer layer{&pool, nullptr, &ints, &ints, &ints, 1, 1, 8, 1};
   KvAppend one_norm;
-  one_norm.keys = one_norm.values = one_norm.inv_freq = &floats;
+  one_norm.keys = one_norm.values = &floats;
+  one_norm.rotations = &rotation;
   one_norm.sequences = one_norm.positions = one_norm.slots = &ints;
   one_norm.count = 1;
   one_norm.queries = &floats;
@@ -363,6 +383,11 @@ TEST(KvOpsHostTest, RejectsBadArguments) {
     EXPECT_NE(std::string(e.what()).find("QK-norm needs both norm weights"), std::string::npos)
         << e.what();
   }
+  KvAppend nowhere = one_norm;
+  nowhere.q_norm = nullptr;
+  nowhere.queries_in_place = false;
+  EXPECT_THROW(append_kv(layer, nowhere, nullptr), Error);
+  EXPECT_THROW(rope_rotations(&ints, 1, nullptr, 4, 1.0f, &rotation, nullptr), Error);
   EXPECT_THROW(evict_flagged(empty, nullptr, 16, nullptr, nullptr), Error);
   DecodeEvictions too_many;
   too_many.count = 1;

@@ -18,13 +18,54 @@
 namespace ekva::cuda {
 namespace {
 
-// Rows of an odd vocabulary: ties broken to the lowest id (as std::max_element does on the host),
-// a largest value at either end, and rows whose first non-finite entry (NaN or Inf, before or after
-// the largest value) is reported instead of a token.
+// The host's greedy token of each row: the lowest id among the largest entries, or -1 - e for the
+// row's first entry e that is not finite.
+std::vector<int32_t> host_greedy(const std::vector<float>& logits, int rows, int vocab) {
+  std::vector<int32_t> want(rows);
+  for (int r = 0; r < rows; ++r) {
+    const float* x = logits.data() + static_cast<size_t>(r) * vocab;
+    int bad = -1, best = 0;
+    for (int i = 0; i < vocab; ++i) {
+      if (!std::isfinite(x[i])) {
+        if (bad < 0) bad = i;
+      } else if (x[i] > x[best]) {
+        best = i;
+      }
+    }
+    want[r] = bad >= 0 ? -1 - bad : best;
+  }
+  return want;
+}
+
+// greedy_tokens on a workspace zeroed once, called `calls` times (each leaves it for the next).
+std::vector<int32_t> device_greedy(const std::vector<float>& logits, int rows, int vocab,
+                                   int calls) {
+  const size_t bytes = greedy_tokens_workspace(rows, vocab);
+  DeviceBuffer<uint8_t> workspace(bytes);
+  EKVA_CUDA_CHECK(cudaMemset(workspace.data(), 0, bytes));
+  DeviceBuffer<float> logits_d{std::span<const float>(logits)};
+  DeviceBuffer<int32_t> out(rows);
+  std::vector<int32_t> got;
+  for (int c = 0; c < calls; ++c) {
+    EKVA_CUDA_CHECK(cudaMemset(out.data(), 0x7f, out.bytes()));
+    greedy_tokens(logits_d.data(), rows, vocab, workspace.data(), bytes, out.data(), nullptr);
+    EKVA_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<int32_t> call = out.download();
+    if (c > 0) {
+      EXPECT_EQ(call, got) << "call " << c;
+    }
+    got = call;
+  }
+  return got;
+}
+
+// Rows of an odd vocabulary: ties broken to the lowest id (as std::max_element does on the host)
+// across the rows' chunks, a largest value at either end, and rows whose first non-finite entry
+// (NaN or Inf, before or after the largest value) is reported instead of a token.
 TEST(GreedyTokens, LowestIdOfTheLargestAndTheFirstNonFiniteEntry) {
   EKVA_SKIP_WITHOUT_GPU();
   constexpr int kVocab = 50'021;
-  constexpr int kRows = 7;
+  constexpr int kRows = 8;
   std::mt19937 rng(17);
   std::uniform_real_distribution<float> value(-30.0f, 30.0f);
   std::vector<float> logits(static_cast<size_t>(kRows) * kVocab);
@@ -38,28 +79,38 @@ TEST(GreedyTokens, LowestIdOfTheLargestAndTheFirstNonFiniteEntry) {
   row(3)[123] = std::numeric_limits<float>::quiet_NaN();
   row(3)[9'000] = std::numeric_limits<float>::infinity();
   row(4)[kVocab - 1] = -std::numeric_limits<float>::infinity();
-  for (int i = 0; i < kVocab; ++i) row(5)[i] = -1.0f;  // all equal: id 0
-  std::vector<int32_t> want(kRows);
-  for (int r = 0; r < kRows; ++r) {
-    const float* x = row(r);
-    int bad = -1, best = 0;
-    for (int i = 0; i < kVocab; ++i) {
-      if (!std::isfinite(x[i])) {
-        if (bad < 0) bad = i;
-      } else if (x[i] > x[best]) {
-        best = i;
-      }
-    }
-    want[r] = bad >= 0 ? -1 - bad : best;
-  }
+  for (int i = 0; i < kVocab; ++i) row(5)[i] = -1.0f;       // all equal: id 0
+  row(6)[30'000] = std::numeric_limits<float>::infinity();  // after the largest, in a later chunk
+  row(6)[20] = 1e30f;
+  const std::vector<int32_t> want = host_greedy(logits, kRows, kVocab);
   EXPECT_EQ(want[0], 7);
   EXPECT_EQ(want[3], -124);
   EXPECT_EQ(want[4], -kVocab);
-  DeviceBuffer<float> logits_d{std::span<const float>(logits)};
-  DeviceBuffer<int32_t> out(kRows);
-  greedy_tokens(logits_d.data(), kRows, kVocab, out.data(), nullptr);
-  EKVA_CUDA_CHECK(cudaDeviceSynchronize());
-  EXPECT_EQ(out.download(), want);
+  EXPECT_EQ(want[6], -30'001);
+  EXPECT_EQ(device_greedy(logits, kRows, kVocab, 3), want);
+}
+
+// Vocabularies of one chunk or less, at a chunk's edges, and Qwen3's, each row's largest entry
+// placed in turn at every chunk's first and last entry; a workspace too small is refused.
+TEST(GreedyTokens, EveryChunkOfEveryVocabulary) {
+  EKVA_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> value(-5.0f, 5.0f);
+  for (const int vocab : {1, 3, 4095, 4096, 4097, 8192, 151'936}) {
+    SCOPED_TRACE(::testing::Message() << "vocab " << vocab);
+    std::vector<int> places;
+    for (int c = 0; c < vocab; c += 4096)
+      places.insert(places.end(), {c, std::min(c + 4095, vocab - 1)});
+    const int rows = static_cast<int>(places.size());
+    std::vector<float> logits(static_cast<size_t>(rows) * vocab);
+    for (float& x : logits) x = value(rng);
+    for (int r = 0; r < rows; ++r) logits[static_cast<size_t>(r) * vocab + places[r]] = 6.0f;
+    const std::vector<int32_t> want = host_greedy(logits, rows, vocab);
+    for (int r = 0; r < rows; ++r) EXPECT_EQ(want[r], places[r]);
+    EXPECT_EQ(device_greedy(logits, rows, vocab, 2), want);
+  }
+  DeviceBuffer<uint8_t> small(16);
+  EXPECT_THROW(greedy_tokens(nullptr, 2, 10, small.data(), 16, nullptr, nullptr), Error);
 }
 
 // Tokens drawn on the device are draw_token's on every row: temperatures, top-k and top-p cuts of
@@ -102,7 +153,11 @@ TEST(SampleTokens, EveryRowIsDrawTokens) {
     const size_t bytes = sample_tokens_workspace(rows, vocab);
     DeviceBuffer<uint8_t> workspace(bytes);
     DeviceBuffer<int32_t> out(rows);
-    greedy_tokens(logits_d.data(), rows, vocab, out.data(), nullptr);
+    const size_t greedy_bytes = greedy_tokens_workspace(rows, vocab);
+    DeviceBuffer<uint8_t> greedy_workspace(greedy_bytes);
+    EKVA_CUDA_CHECK(cudaMemset(greedy_workspace.data(), 0, greedy_bytes));
+    greedy_tokens(logits_d.data(), rows, vocab, greedy_workspace.data(), greedy_bytes, out.data(),
+                  nullptr);
     sample_tokens(logits_d.data(), rows, vocab, draws_d.data(), workspace.data(), bytes, out.data(),
                   nullptr);
     EKVA_CUDA_CHECK(cudaDeviceSynchronize());

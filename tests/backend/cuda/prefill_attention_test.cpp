@@ -10,6 +10,7 @@
 #include "backend/cpu/ops.h"
 #include "backend/cuda/dispatch.h"
 #include "backend/cuda/model_ops.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "paged_kv_fixture.h"
 
@@ -76,7 +77,9 @@ void run_case(const Case& c, uint32_t seed) {
                  expected.data());
 
   const std::vector<int32_t> tiles = prefill_tiles(seq.data(), n);
-  DeviceBuffer<float> q_device{std::span<const float>(q)};
+  std::vector<uint16_t> q_bf16(q.size());
+  std::transform(q.begin(), q.end(), q_bf16.begin(), f32_to_bf16);
+  DeviceBuffer<uint16_t> q_device{std::span<const uint16_t>(q_bf16)};
   DeviceBuffer<int32_t> seq_device{std::span<const int32_t>(seq)};
   DeviceBuffer<int32_t> pos_device{std::span<const int32_t>(pos)};
   DeviceBuffer<int32_t> tiles_device{std::span<const int32_t>(tiles)};
