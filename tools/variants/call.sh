@@ -11,6 +11,10 @@
 #   STEPS    variants alternating in batch-1 steps at context 4k (job.sh time, PROMPTS=0) of each
 #            of MODELS (default: none)
 #   SAN      VARIANT:FILTER pairs for racecheck and memcheck (job.sh sanitize; default: none)
+#   NCU_ATT  B:L pairs whose decode attention Nsight Compute profiles (job.sh ncu-attention;
+#            default: none)
+#   TRACE    VARIANT:MODEL pairs whose batch-1 steps' kernel timelines are traced (job.sh trace,
+#            PROMPT=0; default: none)
 # An empty list skips its step; CHECK, DUR and TIME default to the variants built.
 set -u
 res=${OUT:?OUT names the folder whose files come back}
@@ -41,6 +45,12 @@ done
 for m in ${MODELS:-qwen3-30b-a3b}; do
   [ -n "${STEPS-}" ] || break
   timeout "${STEPS_S:-150}" env PROMPTS=0 VARIANTS="$STEPS" $J time "$m"
+done
+for a in ${NCU_ATT-}; do
+  timeout "${NCU_S:-90}" $J ncu-attention "${a%%:*}" "${a#*:}"
+done
+for t in ${TRACE-}; do
+  timeout "${TRACE_S:-60}" env VARIANT="${t%%:*}" PROMPT=0 $J trace "${t#*:}"
 done
 for s in ${SAN-}; do
   timeout "${SAN_S:-60}" env VARIANT="${s%%:*}" FILTER="${s#*:}" $J sanitize

@@ -5,7 +5,8 @@
 #   tools/variants/job.sh time MODEL     # 4k-token prompts, then batch-1 steps at context 4k,
 #                                        # the variants alternating twice (DECODE=0: prompts only;
 #                                        # PROMPTS=0: steps only)
-#   tools/variants/job.sh trace MODEL    # base's kernel timelines of a prompt and of decode steps
+#   tools/variants/job.sh trace MODEL    # a variant's kernel timelines of a prompt and of decode
+#                                        # steps (VARIANT, default base; PROMPT=0: steps only)
 #   tools/variants/job.sh kernels MODEL  # each variant's prompt per kernel (Nsight Compute's
 #                                        # durations, tools/ncu_summary.py)
 #   tools/variants/job.sh durations MODEL  # each variant's prompt kernels matching REGEX (default:
@@ -17,6 +18,9 @@
 #                                        # durations.py LAYERS OUT makes the table)
 #   tools/variants/job.sh ncu MODEL REGEX  # Nsight Compute's full set on base's prompt kernels
 #                                        # matching REGEX (the 41st launch: a layer mid-model)
+#   tools/variants/job.sh ncu-attention B L  # Nsight Compute's full set with source counters on
+#                                        # base's decode attention at batch B, context L (the 11th
+#                                        # launch of cuda_decode_attention_bench --only B L)
 # MODEL: a directory of tests/fixtures/configs (qwen3-30b-a3b, olmoe-1b-7b, mixtral-8x7b). VARIANTS
 # (default: base and every variant built) picks and orders them. Results go to $OUT;
 # tools/variants/summarize.py turns them into tables.
@@ -81,17 +85,18 @@ trace)
   layers=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["num_hidden_layers"])' \
     tests/fixtures/configs/$m/config.json)
   cuda_lib=$(dirname "$(readlink -f "$(command -v nvcc)")")/../lib64
+  v=${VARIANT:-base}
   trace() {  # NAME BENCH-ARGS...: a traced bench run and its per-layer summary
-    local name=$1
+    local name=$1-$v
     shift
     CUDA_INJECTION64_PATH=$P/libekva_kernel_trace.so EKVA_KERNEL_TRACE=/tmp/trace-$name.csv \
-      LD_LIBRARY_PATH=$cuda_lib:${LD_LIBRARY_PATH:-} $R "$P/ekva" bench $(model_args "$m") "$@" \
+      LD_LIBRARY_PATH=$cuda_lib:${LD_LIBRARY_PATH:-} $R "$(bin $v ekva)" bench $(model_args "$m") "$@" \
       > "$OUT/trace-$name.json" 2> "$OUT/trace-$name.err"
     python3 tools/kernel_trace_summary.py /tmp/trace-$name.csv --layers "$layers" \
       > "$OUT/trace-$name.txt" 2>&1
     gzip -c /tmp/trace-$name.csv > "$OUT/trace-$name.csv.gz"
   }
-  trace "$m-prompt" --context 16 --steps 3 --warmup 1 --prompt $n
+  [ "${PROMPT:-1}" = 0 ] || trace "$m-prompt" --context 16 --steps 3 --warmup 1 --prompt $n
   trace "$m-decode" --context $n --steps 10 --warmup 2
   ;;
 kernels)
@@ -128,8 +133,20 @@ ncu)
     --prompt "$(prompt_tokens "$m")" > "$OUT/ncu-$m-$k.log" 2>&1
   $R ncu --import "$OUT/ncu-$m-$k.ncu-rep" --page details > "$OUT/ncu-$m-$k.txt" 2>&1
   ;;
+ncu-attention)
+  b=${2:?ncu-attention needs a batch}
+  l=${3:?ncu-attention needs a context}
+  name=ncu-attention-b$b-l$l
+  $R ncu --set full --import-source yes --clock-control none --kernel-name regex:decode_attention \
+    --launch-skip 10 --launch-count 1 -o "$OUT/$name" "$P/cuda_decode_attention_bench" --only "$b" "$l" \
+    > "$OUT/$name.log" 2>&1
+  $R ncu --import "$OUT/$name.ncu-rep" --page details > "$OUT/$name.txt" 2>&1
+  $R ncu --import "$OUT/$name.ncu-rep" --page source --print-source sass --csv \
+    > "$OUT/$name-sass.csv" 2>&1
+  echo "$name: $(grep -m1 -E 'Duration' "$OUT/$name.txt")"
+  ;;
 *)
-  echo "usage: $0 check|sanitize|time MODEL|trace MODEL|kernels MODEL|durations MODEL|ncu MODEL REGEX" >&2
+  echo "usage: $0 check|sanitize|time MODEL|trace MODEL|kernels MODEL|durations MODEL|ncu MODEL REGEX|ncu-attention B L" >&2
   exit 2
   ;;
 esac
