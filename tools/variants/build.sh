@@ -2,7 +2,8 @@
 # Builds, on this machine, the binaries that tools/variants/job.sh tests and times on the GPU
 # machine: build-next/device-all (scripts/device-pack.sh's pack of the checked-out commit, the
 # "base" variant) and, for each NAME=DIFF[+DIFF...] argument, the checked-out source with those
-# diffs applied in order: its ekva and test_backend_cuda (stripped, xz) in build-next/NAME/.
+# diffs applied in order: its ekva, test_backend_cuda and cuda_decode_attention_bench (stripped,
+# xz) in build-next/NAME/.
 #   tools/variants/build.sh append=docs/results/session18-h200/append-kv-warp-per-token.diff
 # Needs clean src/ and tests/ (the diffs are applied to them and taken back off); builds in build-var/.
 # build-next/ is ignored by git; a device call carries it (carry: ["build-next"]) beside the tree.
@@ -26,9 +27,9 @@ for spec in "$@"; do
   name=${spec%%=*}
   IFS=+ read -ra files <<< "${spec#*=}"
   for d in "${files[@]}"; do git apply "$d"; done
-  ninja -C build-var ekva test_backend_cuda
+  ninja -C build-var ekva test_backend_cuda cuda_decode_attention_bench
   mkdir -p build-next/$name
-  for b in src/cli/ekva tests/test_backend_cuda; do
+  for b in src/cli/ekva tests/test_backend_cuda bench/cuda/cuda_decode_attention_bench; do
     strip -o build-next/$name/$(basename $b) build-var/$b
     xz -9 -T2 build-next/$name/$(basename $b)
   done

@@ -11,6 +11,8 @@
 #   STEPS    variants alternating in batch-1 steps at context 4k (job.sh time, PROMPTS=0) of each
 #            of MODELS (default: none)
 #   SAN      VARIANT:FILTER pairs for racecheck and memcheck (job.sh sanitize; default: none)
+#   ATT      B:L pairs at which decode attention alone is timed (job.sh attention) for the
+#            variants ATT_VARIANTS (default base and the variants built; default: none)
 #   NCU_ATT  B:L pairs whose decode attention Nsight Compute profiles (job.sh ncu-attention;
 #            default: none)
 #   TRACE    VARIANT:MODEL pairs whose batch-1 steps' kernel timelines are traced (job.sh trace,
@@ -45,6 +47,9 @@ done
 for m in ${MODELS:-qwen3-30b-a3b}; do
   [ -n "${STEPS-}" ] || break
   timeout "${STEPS_S:-150}" env PROMPTS=0 VARIANTS="$STEPS" $J time "$m"
+done
+for a in ${ATT-}; do
+  timeout "${ATT_S:-60}" env VARIANTS="${ATT_VARIANTS:-base $built}" $J attention "${a%%:*}" "${a#*:}"
 done
 for a in ${NCU_ATT-}; do
   timeout "${NCU_S:-90}" $J ncu-attention "${a%%:*}" "${a#*:}"

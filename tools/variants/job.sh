@@ -18,6 +18,9 @@
 #                                        # durations.py LAYERS OUT makes the table)
 #   tools/variants/job.sh ncu MODEL REGEX  # Nsight Compute's full set on base's prompt kernels
 #                                        # matching REGEX (the 41st launch: a layer mid-model)
+#   tools/variants/job.sh attention B L  # decode attention alone at batch B, context L
+#                                        # (cuda_decode_attention_bench --only B L), the variants
+#                                        # alternating twice
 #   tools/variants/job.sh ncu-attention B L  # Nsight Compute's full set with source counters on
 #                                        # base's decode attention at batch B, context L (the 11th
 #                                        # launch of cuda_decode_attention_bench --only B L)
@@ -132,6 +135,17 @@ ncu)
     -o "$OUT/ncu-$m-$k" "$P/ekva" bench $(model_args "$m") --context 16 --steps 1 --warmup 0 \
     --prompt "$(prompt_tokens "$m")" > "$OUT/ncu-$m-$k.log" 2>&1
   $R ncu --import "$OUT/ncu-$m-$k.ncu-rep" --page details > "$OUT/ncu-$m-$k.txt" 2>&1
+  ;;
+attention)
+  b=${2:?attention needs a batch}
+  l=${3:?attention needs a context}
+  for round in 1 2; do
+    for v in $variants; do
+      $R "$(bin $v cuda_decode_attention_bench)" --only "$b" "$l" \
+        > "$OUT/attention-b$b-l$l-$v-$round.txt" 2>&1
+      echo "attention $v $round: $(grep -m1 -E '^B=' "$OUT/attention-b$b-l$l-$v-$round.txt")"
+    done
+  done
   ;;
 ncu-attention)
   b=${2:?ncu-attention needs a batch}
