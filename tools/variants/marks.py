@@ -4,7 +4,7 @@ docs/results/session28/candidates/decode-attention-timeline-marks.diff prints on
 .. t7": the global timer in ns of each CTA at its entry, before and after its wait for the kernel
 before, when its first tile has landed, at its last piece's end, after the segment's count, after a
 segment's merge, and at its exit, in the last launch of the run; a build with
-decode-attention-timeline-marks-16-on-sm.diff adds, for a segment's merging CTA, when its first
+decode-attention-timeline-marks-16-on-sm.diff (or -16-on-sm2.diff) adds, for a segment's merging CTA, when its first
 chunk of partials has landed in shared memory, when it has folded that chunk, and when its outputs
 are written). Times are in us from the first CTA's return from the wait.
 
