@@ -18,6 +18,10 @@
 #                                        # durations.py LAYERS OUT makes the table)
 #   tools/variants/job.sh ncu MODEL REGEX  # Nsight Compute's full set on base's prompt kernels
 #                                        # matching REGEX (the 41st launch: a layer mid-model)
+#   tools/variants/job.sh ncu-step MODEL REGEX  # Nsight Compute's full set on base's decode-step
+#                                        # kernels whose demangled names match REGEX (e.g.
+#                                        # 'GemvOutput\)1,': the gate/up GEMV) at batch 1, context 4k:
+#                                        # the 41st match, a layer of a step after the warm-up
 #   tools/variants/job.sh attention B L  # decode attention alone at batch B, context L
 #                                        # (cuda_decode_attention_bench --only B L), the variants
 #                                        # alternating twice
@@ -135,6 +139,16 @@ ncu)
     -o "$OUT/ncu-$m-$k" "$P/ekva" bench $(model_args "$m") --context 16 --steps 1 --warmup 0 \
     --prompt "$(prompt_tokens "$m")" > "$OUT/ncu-$m-$k.log" 2>&1
   $R ncu --import "$OUT/ncu-$m-$k.ncu-rep" --page details > "$OUT/ncu-$m-$k.txt" 2>&1
+  ;;
+ncu-step)
+  m=${2:?ncu-step needs a model directory of tests/fixtures/configs}
+  k=${3:?ncu-step needs a kernel name regex}
+  name=ncu-step-$m-$(echo "$k" | tr -c 'A-Za-z0-9_\n' '_')
+  $R ncu --set full --clock-control none --kernel-name-base demangled --kernel-name "regex:$k" \
+    --launch-skip 40 --launch-count 1 -o "$OUT/$name" "$P/ekva" bench $(model_args "$m") \
+    --context "$(prompt_tokens "$m")" --steps 3 --warmup 1 > "$OUT/$name.log" 2>&1
+  $R ncu --import "$OUT/$name.ncu-rep" --page details > "$OUT/$name.txt" 2>&1
+  echo "$name: $(grep -m1 -E 'Duration' "$OUT/$name.txt")"
   ;;
 attention)
   b=${2:?attention needs a batch}
