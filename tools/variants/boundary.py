@@ -17,11 +17,7 @@ import gzip
 import statistics
 import sys
 
-
-def marks(path):
-    rows = [list(map(int, line.split()[2:])) for line in open(path) if line.startswith("mark ")]
-    # CTAs with pieces in the last launch: their wait mark is not older than their entry.
-    return [r for r in rows if r[2] >= r[0] and r[3] >= r[0]], rows
+from marks import read_marks
 
 
 def main():
@@ -35,7 +31,8 @@ def main():
         sys.exit("boundary.py: no decode attention launch between two kernels in the trace")
     last = attention[-1]
     before, att, after = kernels[last - 1], kernels[last], kernels[last + 1]
-    working, everything = marks(sys.argv[2])
+    working, idle = read_marks(sys.argv[2])
+    everything = working + idle
     if not working:
         sys.exit("boundary.py: no CTA with pieces in the marks")
     offset = int(att["start_ns"]) - min(r[0] for r in everything)

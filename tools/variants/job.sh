@@ -174,7 +174,7 @@ ncu-attention)
   echo "$name: $(grep -m1 -E 'Duration' "$OUT/$name.txt")"
   ;;
 *)
-  echo "usage: $0 check|sanitize|time MODEL|trace MODEL|kernels MODEL|durations MODEL|ncu MODEL REGEX|ncu-attention B L" >&2
+  echo "usage: $0 check|sanitize|time MODEL|trace MODEL|kernels MODEL|durations MODEL|ncu MODEL REGEX|ncu-step MODEL REGEX|attention B L|ncu-attention B L" >&2
   exit 2
   ;;
 esac
