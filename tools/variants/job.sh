@@ -28,7 +28,9 @@
 #   tools/variants/job.sh ncu-attention B L  # Nsight Compute's full set with source counters on
 #                                        # base's decode attention at batch B, context L (the 11th
 #                                        # launch of cuda_decode_attention_bench --only B L)
-# MODEL: a directory of tests/fixtures/configs (qwen3-30b-a3b, olmoe-1b-7b, mixtral-8x7b). VARIANTS
+# MODEL: a directory of tests/fixtures/configs (qwen3-30b-a3b, olmoe-1b-7b, mixtral-8x7b), or one
+# followed by @N: that model's first N layers (mixtral-8x7b@16 fits an H100). ROUNDS (default 2):
+# the decode rounds of time. VARIANTS
 # (default: base and every variant built) picks and orders them. Results go to $OUT;
 # tools/variants/summarize.py turns them into tables.
 set -u
@@ -46,10 +48,20 @@ bin() {  # VARIANT NAME: the variant's binary, unpacked on first use
   [ -x "$B/$1/$2" ] || { xz -dc "$B/$1/$2.xz" > "$B/$1/$2" && chmod +x "$B/$1/$2"; }
   echo "$B/$1/$2"
 }
-model_args() {  # MODEL: the bench arguments of a full-size model with random weights
-  echo "--model tests/fixtures/configs/$1/config.json --random-weights 1 --batch 1 --budgets 1 --json"
+config() {  # MODEL: its config.json; MODEL@N, the same model cut to its first N layers (written
+            # under /tmp: Mixtral-8x7B's 32 layers do not fit an H100, 16 do)
+  local m=${1%@*}
+  [ -f "tests/fixtures/configs/$m/config.json" ] || { echo "no config tests/fixtures/configs/$m" >&2; exit 2; }
+  if [ "$m" = "$1" ]; then echo "tests/fixtures/configs/$m/config.json"; return; fi
+  mkdir -p "/tmp/configs/$1"
+  python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); c["num_hidden_layers"]=int(sys.argv[2]); json.dump(c,open(sys.argv[3],"w"))' \
+    "tests/fixtures/configs/$m/config.json" "${1#*@}" "/tmp/configs/$1/config.json" || exit 2
+  echo "/tmp/configs/$1/config.json"
 }
-prompt_tokens() { if [ "$1" = olmoe-1b-7b ]; then echo 4000; else echo 4096; fi; }
+model_args() {  # MODEL: the bench arguments of a full-size model with random weights
+  echo "--model $(config "$1") --random-weights 1 --batch 1 --budgets 1 --json"
+}
+prompt_tokens() { if [ "${1%@*}" = olmoe-1b-7b ]; then echo 4000; else echo 4096; fi; }
 
 case "${1:-}" in
 check)
@@ -78,7 +90,7 @@ time)
     done
   done
   [ "${DECODE:-1}" = 0 ] && exit 0
-  for round in 1 2; do
+  for round in $(seq "${ROUNDS:-2}"); do
     for v in $variants; do
       $R "$(bin $v ekva)" bench $(model_args "$m") --context $n --steps 10 --warmup 2 \
         > "$OUT/decode-$m-$v-$round.json" 2> "$OUT/decode-$m-$v-$round.err"
@@ -90,7 +102,7 @@ trace)
   m=${2:?trace needs a model directory of tests/fixtures/configs}
   n=$(prompt_tokens "$m")
   layers=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["num_hidden_layers"])' \
-    tests/fixtures/configs/$m/config.json)
+    "$(config "$m")")
   cuda_lib=$(dirname "$(readlink -f "$(command -v nvcc)")")/../lib64
   v=${VARIANT:-base}
   trace() {  # NAME BENCH-ARGS...: a traced bench run and its per-layer summary
@@ -109,7 +121,7 @@ trace)
 kernels)
   m=${2:?kernels needs a model directory of tests/fixtures/configs}
   layers=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["num_hidden_layers"])' \
-    tests/fixtures/configs/$m/config.json)
+    "$(config "$m")")
   for v in $variants; do
     $R ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
       "$(bin $v ekva)" bench $(model_args "$m") --context 16 --steps 1 --warmup 0 \

@@ -60,9 +60,6 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
   const uint32_t smem_base = (shared_address(smem) + 127) & ~127u;
   uint16_t* const tiles = smem + (smem_base - shared_address(smem)) / 2;
 
-  // The next kernel may start on the multiprocessors this grid frees; it waits for this one to
-  // finish before it touches anything this one touches.
-  allow_next_grid();
   const int4 cta_start = p.cta_starts[blockIdx.x];
   const int piece_begin = cta_start.w;
   const int piece_end = p.cta_starts[blockIdx.x + 1].w;
@@ -370,6 +367,11 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
 #pragma unroll
   for (int s = 0; s < Cfg::kStages - 1; ++s) issue_tile(s);
   begin_piece();
+  // The next kernel may start on the multiprocessors this grid frees once every CTA's first
+  // copies are on their way: started with this one, its weight loads slowed the schedule and
+  // block-table lookups before the wait (some CTAs began their copies 4 us after it). It waits
+  // for this one to finish before it touches anything this one touches.
+  allow_next_grid();
 
   int stage = 0;
   while (piece < piece_end) {

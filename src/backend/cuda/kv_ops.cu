@@ -79,6 +79,9 @@ __global__ void __launch_bounds__(kAppendWarps * 32) append_kv_kernel(const Appe
     float a[kAppendPairsPerLane] = {}, b[kAppendPairsPerLane] = {}, va[kAppendPairsPerLane] = {},
           vb[kAppendPairsPerLane] = {};
     float2 rotation[kAppendPairsPerLane] = {};
+    // The norm weights too: loaded after the sum of squares, they were a second round trip.
+    const float* norm = is_key ? p.k_norm : p.q_norm;
+    float na[kAppendPairsPerLane] = {}, nb[kAppendPairsPerLane] = {};
 #pragma unroll
     for (int k = 0; k < kAppendPairsPerLane; ++k) {
       const int pair = lane + 32 * k;
@@ -86,6 +89,10 @@ __global__ void __launch_bounds__(kAppendWarps * 32) append_kv_kernel(const Appe
       a[k] = x[pair];
       b[k] = x[pair + half];
       rotation[k] = p.rotations[static_cast<int64_t>(token) * half + pair];
+      if (norm != nullptr) {
+        na[k] = norm[pair];
+        nb[k] = norm[pair + half];
+      }
       if (is_key) {
         va[k] = p.values[row_head * d + pair];
         vb[k] = p.values[row_head * d + pair + half];
@@ -96,7 +103,6 @@ __global__ void __launch_bounds__(kAppendWarps * 32) append_kv_kernel(const Appe
     const int64_t pool_index = target.pool_index;
     const int segment = target.segment, slot = target.slot;
     uint16_t* key = is_key ? p.pool + key_offset(pool_index, p.page_size, d) : nullptr;
-    const float* norm = is_key ? p.k_norm : p.q_norm;
     float inv = 1.0f;
     if (norm != nullptr) {
       double ss = 0.0;
@@ -113,8 +119,8 @@ __global__ void __launch_bounds__(kAppendWarps * 32) append_kv_kernel(const Appe
       const int pair = lane + 32 * k;
       if (pair >= half) continue;
       if (norm != nullptr) {
-        a[k] = __fmul_rn(__fmul_rn(a[k], inv), norm[pair]);
-        b[k] = __fmul_rn(__fmul_rn(b[k], inv), norm[pair + half]);
+        a[k] = __fmul_rn(__fmul_rn(a[k], inv), na[k]);
+        b[k] = __fmul_rn(__fmul_rn(b[k], inv), nb[k]);
       }
       const float2 rotated = rope_rotate(a[k], b[k], rotation[k]);
       if (is_key) {

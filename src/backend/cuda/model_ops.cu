@@ -78,6 +78,9 @@ __global__ void __launch_bounds__(kNormThreads)
   float* row = x + offset;
   const float* row_delta = kAddDelta ? delta + offset : nullptr;
   double ss = 0.0;
+  // The first pass's values (a whole row up to kNormUnroll * blockDim.x) stay in registers for
+  // the write: read back after the barrier, they would cost the row a second trip to memory.
+  float held[kNormUnroll] = {};
   for (int base = threadIdx.x; base < dim; base += blockDim.x * kNormUnroll) {
     float v[kNormUnroll];
 #pragma unroll
@@ -97,6 +100,10 @@ __global__ void __launch_bounds__(kNormThreads)
     }
 #pragma unroll
     for (int u = 0; u < kNormUnroll; ++u) ss += static_cast<double>(v[u]) * v[u];
+    if (base == static_cast<int>(threadIdx.x)) {
+#pragma unroll
+      for (int u = 0; u < kNormUnroll; ++u) held[u] = v[u];
+    }
   }
   for (int offset = 16; offset > 0; offset /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, offset);
   const int row_warps = static_cast<int>(blockDim.x / 32);
@@ -106,8 +113,8 @@ __global__ void __launch_bounds__(kNormThreads)
   for (int w = 0; w < row_warps; ++w) total += partial[threadIdx.y * row_warps + w];
   const float inv =
       dim > 0 ? static_cast<float>(1.0 / sqrt(total / dim + static_cast<double>(eps))) : 0.0f;
-  const auto write = [&](int i, float w) {
-    const float y = __fmul_rn(__fmul_rn(row[i], inv), w);
+  const auto write = [&](int i, float value, float w) {
+    const float y = __fmul_rn(__fmul_rn(value, inv), w);
     const int64_t at = offset + i;
     if (out_f32 != nullptr) out_f32[at] = y;
     if (out_bf16 != nullptr) out_bf16[at] = to_bf16_bits(y);
@@ -115,10 +122,10 @@ __global__ void __launch_bounds__(kNormThreads)
 #pragma unroll
   for (int u = 0; u < kNormUnroll; ++u) {
     const int i = threadIdx.x + u * blockDim.x;
-    if (i < dim) write(i, weight_ahead[u]);
+    if (i < dim) write(i, held[u], weight_ahead[u]);
   }
   for (int i = threadIdx.x + kNormUnroll * blockDim.x; i < dim; i += blockDim.x) {
-    write(i, weight[i]);
+    write(i, row[i], weight[i]);
   }
 }
 
@@ -246,6 +253,7 @@ __global__ void __launch_bounds__(kRouterThreads)
                          uint32_t* workspace, const MoePairs one_token_pairs) {
   __shared__ float partial[kRouterThreads / 32];
   __shared__ float token_logits[32 * kMaxExpertsPerLane];  // the last CTA's
+  __shared__ float token_partials[kRouterPartials];        // the last CTA's
   __shared__ bool last;
   const int e = blockIdx.x / slices, s = blockIdx.x % slices, token = blockIdx.y;
   const int quads = hidden / 4 / slices;
@@ -295,9 +303,15 @@ __global__ void __launch_bounds__(kRouterThreads)
   __syncthreads();
   if (!last) return;
   __threadfence();  // every slice of the token is visible once its count is complete
+  // Every slice's sum in one round of loads, a thread per slice, then each logit's slices added in
+  // order: a thread per logit loading its slices itself waited for Mixtral's 16 in four rounds.
+  for (int i = threadIdx.x; i < num_experts * slices; i += kRouterThreads) {
+    token_partials[i] = __ldcg(partials + i);
+  }
+  __syncthreads();
   for (int i = threadIdx.x; i < num_experts; i += kRouterThreads) {
     float logit = 0.0f;
-    for (int j = 0; j < slices; ++j) logit += __ldcg(partials + i * slices + j);
+    for (int j = 0; j < slices; ++j) logit += token_partials[i * slices + j];
     logits[static_cast<int64_t>(token) * num_experts + i] = logit;
     token_logits[i] = logit;
   }

@@ -567,9 +567,14 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(const GemvLaunch 
     load_weights(first_base);
   }
   follow_prior_grid();
-  if (!dense && group >= *p.num_groups) return;  // uniform: never for kCombine
+  // The group's first pair and expert are loaded with the number of groups, not after it: the
+  // weights' addresses were two round trips behind the wait. A group past the number of groups
+  // reads entries of the pairs' arrays (grid.y is at most their length) and returns unused.
+  const int num_groups = dense ? 0 : *p.num_groups;
   const int first = dense ? 0 : p.group_first[group];
-  if (!dense) weights_from(g.weights[p.group_expert[group]]);
+  const int expert = dense ? 0 : p.group_expert[group];
+  if (!dense && group >= num_groups) return;  // uniform: never for kCombine
+  if (!dense) weights_from(g.weights[expert]);
   const int64_t input_row = dense ? 0 : g.input_is_token ? p.token[first] : first;
   const uint4* x = reinterpret_cast<const uint4*>(g.input + input_row * g.in_cols);
   float acc[kWeightRows] = {};

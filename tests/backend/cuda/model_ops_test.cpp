@@ -261,8 +261,9 @@ TEST(RouteExperts, LogitsTopKAndGatesMatchTheHost) {
 }
 
 // Rows of 128 and 72 (QK-norm's heads, several to a CTA, the last CTA partly past the end), and
-// 40 rows of 1000 with a residual added first, against the CPU's norm: the same float32 products
-// of a double sum of squares, so equal to rounding of that sum.
+// rows of 1000 and of 5096 (past one pass of the CTA's threads) with a residual added first,
+// against the CPU's norm: the same float32 products of a double sum of squares, so equal to
+// rounding of that sum.
 TEST(RmsNorm, ShortRowsManyToACtaAndResidualRowsMatchTheCpu) {
   EKVA_SKIP_WITHOUT_GPU();
   std::mt19937 rng(31);
@@ -287,23 +288,25 @@ TEST(RmsNorm, ShortRowsManyToACtaAndResidualRowsMatchTheCpu) {
     ASSERT_NEAR(got[i], want[i], 1e-6f * std::abs(want[i]) + 1e-7f) << "element " << i;
   }
 
-  const int n = 40, hidden = 1000;
-  const std::vector<float> r = random(static_cast<size_t>(n) * hidden);
-  const std::vector<float> delta = random(r.size()), wh = random(hidden);
-  DeviceBuffer<float> r_d{std::span<const float>(r)}, delta_d{std::span<const float>(delta)},
-      wh_d{std::span<const float>(wh)}, out_d(r.size());
-  DeviceBuffer<uint16_t> out_bf16_d(r.size());
-  add_rms_norm(r_d.data(), delta_d.data(), n, hidden, wh_d.data(), kEps, out_d.data(),
-               out_bf16_d.data(), nullptr);
-  std::vector<float> sum(r.size()), normed(r.size());
-  for (size_t i = 0; i < r.size(); ++i) sum[i] = r[i] + delta[i];
-  cpu::rms_norm(sum.data(), normed.data(), n, hidden, wh.data(), kEps);
-  const std::vector<float> got_sum = r_d.download(), got_normed = out_d.download();
-  const std::vector<uint16_t> got_bf16 = out_bf16_d.download();
-  for (size_t i = 0; i < r.size(); ++i) {
-    ASSERT_EQ(got_sum[i], sum[i]) << "element " << i;
-    ASSERT_NEAR(got_normed[i], normed[i], 1e-6f * std::abs(normed[i]) + 1e-7f) << "element " << i;
-    ASSERT_EQ(got_bf16[i], f32_to_bf16(got_normed[i])) << "element " << i;
+  for (const auto& [n, hidden] : {std::pair{40, 1000}, std::pair{6, 5096}}) {
+    SCOPED_TRACE(::testing::Message() << n << " rows of " << hidden);
+    const std::vector<float> r = random(static_cast<size_t>(n) * hidden);
+    const std::vector<float> delta = random(r.size()), wh = random(hidden);
+    DeviceBuffer<float> r_d{std::span<const float>(r)}, delta_d{std::span<const float>(delta)},
+        wh_d{std::span<const float>(wh)}, out_d(r.size());
+    DeviceBuffer<uint16_t> out_bf16_d(r.size());
+    add_rms_norm(r_d.data(), delta_d.data(), n, hidden, wh_d.data(), kEps, out_d.data(),
+                 out_bf16_d.data(), nullptr);
+    std::vector<float> sum(r.size()), normed(r.size());
+    for (size_t i = 0; i < r.size(); ++i) sum[i] = r[i] + delta[i];
+    cpu::rms_norm(sum.data(), normed.data(), n, hidden, wh.data(), kEps);
+    const std::vector<float> got_sum = r_d.download(), got_normed = out_d.download();
+    const std::vector<uint16_t> got_bf16 = out_bf16_d.download();
+    for (size_t i = 0; i < r.size(); ++i) {
+      ASSERT_EQ(got_sum[i], sum[i]) << "element " << i;
+      ASSERT_NEAR(got_normed[i], normed[i], 1e-6f * std::abs(normed[i]) + 1e-7f) << "element " << i;
+      ASSERT_EQ(got_bf16[i], f32_to_bf16(got_normed[i])) << "element " << i;
+    }
   }
 }
 
