@@ -17,6 +17,8 @@
 #            default: none)
 #   NCU_ATT  B:L pairs whose decode attention Nsight Compute profiles (job.sh ncu-attention;
 #            default: none)
+#   RECORD   models whose figures of record (job.sh record) each of RECORD_VARIANTS (default base
+#            and the variants built) measures (default: none)
 #   TRACE    VARIANT:MODEL pairs whose batch-1 steps' kernel timelines are traced (job.sh trace,
 #            PROMPT=0; default: none)
 # An empty list skips its step; CHECK, DUR and TIME default to the variants built.
@@ -49,6 +51,9 @@ done
 for m in ${MODELS:-qwen3-30b-a3b}; do
   [ -n "${STEPS-}" ] || break
   timeout "${STEPS_S:-150}" env PROMPTS=0 VARIANTS="$STEPS" $J time "$m"
+done
+for m in ${RECORD-}; do
+  timeout "${RECORD_S:-240}" env VARIANTS="${RECORD_VARIANTS:-base $built}" $J record "$m"
 done
 for a in ${ATT-}; do
   timeout "${ATT_S:-60}" env VARIANTS="${ATT_VARIANTS:-base $built}" $J attention "${a%%:*}" "${a#*:}"

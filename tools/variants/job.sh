@@ -5,6 +5,8 @@
 #   tools/variants/job.sh time MODEL     # 4k-token prompts, then batch-1 steps at context 4k,
 #                                        # the variants alternating twice (DECODE=0: prompts only;
 #                                        # PROMPTS=0: steps only)
+#   tools/variants/job.sh record MODEL   # each variant's figures of record: batch 1, 16 and 64 at
+#                                        # context 4k, budgets 1 and 0.2, a 4k-token prompt
 #   tools/variants/job.sh trace MODEL    # a variant's kernel timelines of a prompt and of decode
 #                                        # steps (VARIANT, default base; PROMPT=0: steps only)
 #   tools/variants/job.sh kernels MODEL  # each variant's prompt per kernel (Nsight Compute's
@@ -59,7 +61,7 @@ config() {  # MODEL: its config.json; MODEL@N, the same model cut to its first N
   echo "/tmp/configs/$1/config.json"
 }
 model_args() {  # MODEL: the bench arguments of a full-size model with random weights
-  echo "--model $(config "$1") --random-weights 1 --batch 1 --budgets 1 --json"
+  echo "--model $(config "$1") --random-weights 1 --batch ${BATCH:-1} --budgets 1 --json"
 }
 prompt_tokens() { if [ "${1%@*}" = olmoe-1b-7b ]; then echo 4000; else echo 4096; fi; }
 
@@ -96,6 +98,16 @@ time)
         > "$OUT/decode-$m-$v-$round.json" 2> "$OUT/decode-$m-$v-$round.err"
       echo "decode $m $v $round: $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["decode"][0]["step_ms"])' "$OUT/decode-$m-$v-$round.json" 2>&1)"
     done
+  done
+  ;;
+record)
+  m=${2:?record needs a model directory of tests/fixtures/configs}
+  n=$(prompt_tokens "$m")
+  for v in $variants; do
+    $R "$(bin $v ekva)" bench --model "$(config "$m")" --random-weights 1 --batch 1,16,64 \
+      --context $n --budgets 1,0.2 --steps 10 --warmup 2 --prompt $n --json \
+      > "$OUT/record-$m-$v.json" 2> "$OUT/record-$m-$v.err"
+    echo "record $m $v: exit $? $(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(" ".join("%sx%s:%.3f" % (d["batch"], d["budget"], d["step_ms"]) for d in r["decode"]), "prompt", r["prefill"]["ms"])' "$OUT/record-$m-$v.json" 2>&1)"
   done
   ;;
 trace)
@@ -186,7 +198,7 @@ ncu-attention)
   echo "$name: $(grep -m1 -E 'Duration' "$OUT/$name.txt")"
   ;;
 *)
-  echo "usage: $0 check|sanitize|time MODEL|trace MODEL|kernels MODEL|durations MODEL|ncu MODEL REGEX|ncu-step MODEL REGEX|attention B L|ncu-attention B L" >&2
+  echo "usage: $0 check|sanitize|time MODEL|record MODEL|trace MODEL|kernels MODEL|durations MODEL|ncu MODEL REGEX|ncu-step MODEL REGEX|attention B L|ncu-attention B L" >&2
   exit 2
   ;;
 esac
