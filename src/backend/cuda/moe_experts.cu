@@ -641,7 +641,9 @@ int multiprocessors();
 // Launches gemv_kernel with one output row per warp where a row holds a column step of every
 // lane's loads (else two), and as many warps per row set as keep about 48 warps per
 // multiprocessor reading while each still reads a whole column step; kCombine's row sets hold one
-// warp group per pair, `groups` of them.
+// warp group per pair, `groups` of them. Grouped products split only while the grid stays one
+// wave: a second wave's CTAs look their group up after the wait again, where a dense product's
+// second wave has its weights' addresses at once.
 template <GemvOutput kOutput>
 void launch_gemv(const GroupedGemm& g, const MoePairs& pairs, int groups, int disabled_expert,
                  cudaStream_t stream) {
@@ -651,9 +653,11 @@ void launch_gemv(const GroupedGemm& g, const MoePairs& pairs, int groups, int di
     const bool combine = kOutput == GemvOutput::kCombine;
     const int out_rows = kOutput == GemvOutput::kSwiglu ? g.out_rows / 2 : g.out_rows;
     const int64_t warps = static_cast<int64_t>(groups) * ((out_rows + kWarpRows - 1) / kWarpRows);
+    const int64_t wave = 48 * multiprocessors();
     int slices = 1;
     while ((combine ? groups : 1) * slices * 2 <= kGemvWarps &&
-           warps * slices < 48 * multiprocessors() && g.in_cols / 8 >= 32 * kDepth * slices * 2) {
+           (g.dense != nullptr ? warps * slices < wave : warps * slices * 2 <= wave) &&
+           g.in_cols / 8 >= 32 * kDepth * slices * 2) {
       slices *= 2;
     }
     GemvLaunch launch{g, pairs, (combine ? groups : 1) * slices, combine ? groups : 1,
