@@ -52,18 +52,32 @@ bin() {  # VARIANT NAME: the variant's binary, unpacked on first use
 }
 config() {  # MODEL: its config.json; MODEL@N, the same model cut to its first N layers (written
             # under /tmp: Mixtral-8x7B's 32 layers do not fit an H100, 16 do)
-  local m=${1%@*}
-  [ -f "tests/fixtures/configs/$m/config.json" ] || { echo "no config tests/fixtures/configs/$m" >&2; exit 2; }
+  local m=${1%@*} n=${1#*@}
+  [ -f "tests/fixtures/configs/$m/config.json" ] || { echo "job.sh: no config tests/fixtures/configs/$m" >&2; return 2; }
   if [ "$m" = "$1" ]; then echo "tests/fixtures/configs/$m/config.json"; return; fi
   mkdir -p "/tmp/configs/$1"
-  python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); c["num_hidden_layers"]=int(sys.argv[2]); json.dump(c,open(sys.argv[3],"w"))' \
-    "tests/fixtures/configs/$m/config.json" "${1#*@}" "/tmp/configs/$1/config.json" || exit 2
+  python3 - "tests/fixtures/configs/$m/config.json" "$n" "/tmp/configs/$1/config.json" <<'PY' || return 2
+import json, sys
+c = json.load(open(sys.argv[1]))
+layers = c["num_hidden_layers"]
+if not sys.argv[2].isdigit() or not 1 <= int(sys.argv[2]) <= layers:
+    sys.exit(f"job.sh: {sys.argv[1]} has {layers} layers; @{sys.argv[2]} is not 1..{layers}")
+c["num_hidden_layers"] = int(sys.argv[2])
+json.dump(c, open(sys.argv[3], "w"))
+PY
   echo "/tmp/configs/$1/config.json"
 }
 model_args() {  # MODEL: the bench arguments of a full-size model with random weights
   echo "--model $(config "$1") --random-weights 1 --batch ${BATCH:-1} --budgets 1 --json"
 }
 prompt_tokens() { if [ "${1%@*}" = olmoe-1b-7b ]; then echo 4000; else echo 4096; fi; }
+
+# A MODEL argument is checked once here: inside $(...) below a bad one could not stop the job.
+case "${1:-}" in
+time | record | trace | kernels | durations | ncu | ncu-step)
+  config "${2:?$1 needs a model directory of tests/fixtures/configs}" > /dev/null || exit 2
+  ;;
+esac
 
 case "${1:-}" in
 check)
