@@ -69,7 +69,14 @@ DecodeSchedule schedule_with_quota(std::span<const int32_t> lengths, int64_t quo
         filled = 0;
         cost = 0;
       }
-      const int64_t take = std::min(tiles_of(lengths[s] - start), quota - filled - cost);
+      int64_t take = std::min(tiles_of(lengths[s] - start), quota - filled - cost);
+      // A segment's last tile that would be a CTA's only work and open a merge round of its own
+      // joins the piece before it (at B = 1, L = 4097, quota 2: 32 pieces, not 33 in two rounds).
+      const int64_t segment_pieces = schedule.num_pieces() - schedule.segment_piece_offsets.back();
+      if (cost == 0 && filled == 0 && tiles_of(lengths[s] - start) == take + 1 &&
+          (segment_pieces + 1) % kDecodeMergeBatch == 0) {
+        ++take;
+      }
       const int64_t end = std::min<int64_t>(lengths[s], start + take * kDecodeTileTokens);
       pieces.insert(pieces.end(), {s, static_cast<int32_t>(start), static_cast<int32_t>(end), 0});
       start = end;

@@ -264,7 +264,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_attention_kernel(const Dec
     // shuffles, so a round's registers go to the columns: 32 pieces (a segment of B = 1, L = 16k)
     // in one round. The merge stays here, in the loop: moved after it, ptxas 13.0 miscompiles the
     // K/V copies (tools/check_ldgsts_registers.py).
-    constexpr int kBatch = 32;
+    constexpr int kBatch = kDecodeMergeBatch;
     constexpr int kHeadLanes = D / 4 < 32 ? D / 4 : 32;  // aligned lanes of a warp, one head
     constexpr int kOwnPieces = kBatch / kHeadLanes;      // maxima and sums each lane loads
     static_assert(kBatch % kHeadLanes == 0, "each piece's weight comes from one lane");

@@ -34,8 +34,9 @@ struct DecodeAttentionShape {
 // How a layer's slots are cut into pieces for a persistent grid of at most grid_ctas CTAs: CTAs
 // are filled in order with 64-slot tiles up to the same cost, cut across segments; a segment's
 // pieces are consecutive and tile-aligned within it, and an empty segment has one piece of no
-// slots (so that its output is written too), whose end is charged as any piece's. Host-only, so
-// that it is testable without a GPU.
+// slots (so that its output is written too), whose end is charged as any piece's. A segment's last
+// tile that would be a CTA's only work and its (32k + 1)-th piece joins the piece before it, one
+// tile over the quota. Host-only, so that it is testable without a GPU.
 struct DecodeSchedule {
   // What a piece that follows another in the same CTA costs on top of its tiles. Its start waits
   // for the end of the piece before it (partial, count, next query), which under full load took
@@ -44,7 +45,8 @@ struct DecodeSchedule {
   // B = 1, L = 4k 1.32, 1.09; B = 1, L = 16k 1.16, 1.03; B = 8, L = 4k 1.11, 1.04; B = 64, L = 4k
   // 1.03, 1.01. Charging 1, 2, 4 or 5 was no better (measured with inputs not rotated).
   static constexpr int64_t kPieceEndTiles = 3;
-  // The cost (tiles plus piece ends) no CTA exceeds: the smallest whose schedule fits the grid.
+  // The cost (tiles plus piece ends) no CTA exceeds but by such a last tile: the smallest whose
+  // schedule fits the grid.
   int64_t quota_tiles = 0;
   std::vector<int32_t> pieces;  // 4 per piece: segment, first slot, end slot, 0
   // CTA c runs pieces [cta_piece_offsets[c], cta_piece_offsets[c + 1]); segment s has pieces

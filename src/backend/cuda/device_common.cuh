@@ -332,19 +332,4 @@ __device__ __forceinline__ int64_t key_offset(int64_t pool_row_index, int page_s
   return (page * 2 * page_size + row) * head_dim;
 }
 
-// Where slot `slot` of a segment's block table lives: its pool row (the metadata's index) and its
-// key's element offset in the bf16 pool (value: + page_size * head_dim), from one 32-bit division
-// (key_offset of pool_row takes a second one, of 64 bits, which costs more than a 16-byte copy).
-struct SlotPlace {
-  int64_t pool_row;
-  int64_t key_offset;
-};
-__device__ __forceinline__ SlotPlace slot_place(const int32_t* table, int slot, int page_size,
-                                                int head_dim) {
-  const int page_index = slot / page_size;
-  const int64_t page = table[page_index];
-  const int row = slot - page_index * page_size;
-  return {page * page_size + row, (page * 2 * page_size + row) * head_dim};
-}
-
 }  // namespace ekva::cuda

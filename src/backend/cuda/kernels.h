@@ -12,6 +12,9 @@ namespace ekva::cuda {
 // Each CTA of the attention kernel has this many warps; a warp owns 16 tokens of every tile.
 inline constexpr int kDecodeWarps = 4;
 inline constexpr int kDecodeTileTokens = 16 * kDecodeWarps;
+// A segment's merging CTA loads its pieces' partials this many at a time, each round one more
+// L2 round trip on the layer's critical path.
+inline constexpr int kDecodeMergeBatch = 32;
 
 struct DecodeLaunch {
   const uint16_t* pool;

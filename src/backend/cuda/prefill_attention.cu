@@ -107,15 +107,33 @@ __global__ void __launch_bounds__(kThreads, 2)
   // table read per slot rather than per 16-byte chunk. A thread's chunks are kSlotThreads apart, so
   // that each copy instruction reads whole 64-byte runs of its slots' rows, and odd slots take
   // their runs in the other order, so that a quarter-warp's two slots write distinct banks.
+  // A slot's lookups run ahead of its copies: its page id is read two steps before, its position
+  // one step before, so that neither load stalls a step (read as the copies were issued, they were
+  // two dependent round trips before each step's products).
   constexpr int kSlotThreads = kThreads / kSlots;
   constexpr int kSlotChunks = kChunks / kSlotThreads;
   static_assert(kThreads % kSlots == 0 && kChunks % kSlotThreads == 0);
   const int copy_slot = threadIdx.x / kSlotThreads, copy_part = threadIdx.x % kSlotThreads;
-  const auto load_slots = [&](int stage, int step) {
+  // The page of the copy slot of step `step`, or -1 past the segment's end.
+  const auto page_at = [&](int step) {
     const int slot = step * kSlots + copy_slot;
-    const bool valid = slot < length;
-    const SlotPlace place = valid ? slot_place(table, slot, kv.page_size, D) : SlotPlace{0, 0};
-    const uint16_t* key = kv.pool + place.key_offset;
+    return slot < length ? table[slot / kv.page_size] : -1;
+  };
+  // Where the copy slot of step `step` lives (key_offset -1: past the end) and its position.
+  struct SlotCopy {
+    int64_t key_offset;
+    int32_t position;
+  };
+  const auto place_at = [&](int step, int page) {
+    if (page < 0) return SlotCopy{-1, INT_MAX};
+    const int row = (step * kSlots + copy_slot) % kv.page_size;
+    const int64_t pool_row = static_cast<int64_t>(page) * kv.page_size + row;
+    return SlotCopy{(static_cast<int64_t>(page) * 2 * kv.page_size + row) * D,
+                    copy_part == 0 ? kv.meta[pool_row].position : INT_MAX};
+  };
+  const auto copy_slots = [&](int stage, const SlotCopy& c) {
+    const bool valid = c.key_offset >= 0;
+    const uint16_t* key = kv.pool + (valid ? c.key_offset : 0);
 #pragma unroll
     for (int j = 0; j < kSlotChunks; ++j) {
       const int chunk = ((j ^ (copy_slot % 2)) % kSlotChunks) * kSlotThreads + copy_part;
@@ -126,13 +144,13 @@ __global__ void __launch_bounds__(kThreads, 2)
           shared_address(v_tiles + stage * kSlots * kOC + operand_at<kSlots>(copy_slot, chunk)),
           key + static_cast<int64_t>(kv.page_size) * D + chunk * 8, valid);
     }
-    if (copy_part == 0) {
-      slot_pos[stage][copy_slot] = valid ? kv.meta[place.pool_row].position : INT_MAX;
-    }
+    if (copy_part == 0) slot_pos[stage][copy_slot] = c.position;
   };
 
-  if (length > 0) load_slots(0, 0);
+  copy_slots(0, place_at(0, page_at(0)));
   cp_async_commit();
+  SlotCopy next_copy = place_at(1, page_at(1));  // step + 1's, at step
+  int page_ahead = page_at(2);                   // step + 2's, at step
   // The slots after the last one any query of the tile sees take no steps. Slots need not be in
   // position order (eviction moves rows), so every slot's position is read. A thread's slots are
   // kThreads apart: its page and row step along with them, with no division per slot (a 4096-slot
@@ -196,7 +214,11 @@ __global__ void __launch_bounds__(kThreads, 2)
     cp_async_wait_all();
     fence_proxy_async_shared();  // the copies (and Q's stores) seen by the tensor cores' reads
     __syncthreads();
-    if (step + 1 < steps) load_slots(stage ^ 1, step + 1);
+    if (step + 1 < steps) {
+      copy_slots(stage ^ 1, next_copy);
+      next_copy = place_at(step + 2, page_ahead);
+      page_ahead = page_at(step + 3);
+    }
     cp_async_commit();
     // Slots all after every query of the warpgroup (the causal upper triangle) cost it no
     // arithmetic; slots all before every query of the warp (below the diagonal) need no mask.

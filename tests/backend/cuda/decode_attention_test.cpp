@@ -12,6 +12,7 @@
 
 #include "backend/cpu/ops.h"
 #include "backend/cuda/dispatch.h"
+#include "backend/cuda/kernels.h"
 #include "core/error.h"
 #include "paged_kv_fixture.h"
 
@@ -257,9 +258,10 @@ TEST(DecodeAttentionPlanTest, RejectsUnsupportedShapes) {
 }
 
 // Every slot of every segment in exactly one piece, a segment's pieces consecutive and
-// tile-aligned, no CTA over the quota (tiles plus the cost of each piece after its first), every
-// CTA but the last closed only when the next piece's first tile would not fit, and the quota no
-// less than the even share of the tiles.
+// tile-aligned, no CTA over the quota (tiles plus the cost of each piece after its first) but a
+// one-piece CTA by the segment's last tile where that tile would be the segment's (32k + 1)-th
+// piece, every CTA but the last closed only when the next piece's first tile would not fit, and
+// the quota no less than the even share of the tiles.
 void check_schedule(const std::vector<int32_t>& lengths, int64_t grid_ctas) {
   SCOPED_TRACE(::testing::Message() << lengths.size() << " segments, grid " << grid_ctas);
   constexpr int kTile = 64;
@@ -312,7 +314,13 @@ void check_schedule(const std::vector<int32_t>& lengths, int64_t grid_ctas) {
       if (i > schedule.cta_piece_offsets[c]) cost += DecodeSchedule::kPieceEndTiles;
       cost += piece_tiles;
     }
-    EXPECT_LE(cost, quota) << "CTA " << c;
+    const int first = schedule.cta_piece_offsets[c];
+    const int segment = schedule.pieces[static_cast<size_t>(first) * 4];
+    const bool takes_last_tile =
+        schedule.cta_piece_offsets[c + 1] == first + 1 &&
+        schedule.pieces[static_cast<size_t>(first) * 4 + 2] == lengths[segment] &&
+        (first + 1 - schedule.segment_piece_offsets[segment]) % kDecodeMergeBatch == 0;
+    EXPECT_LE(cost, takes_last_tile ? quota + 1 : quota) << "CTA " << c;
     if (c + 1 < schedule.num_ctas()) {
       EXPECT_GE(cost + DecodeSchedule::kPieceEndTiles, quota) << "CTA " << c;
     }
@@ -322,6 +330,16 @@ void check_schedule(const std::vector<int32_t>& lengths, int64_t grid_ctas) {
 TEST(DecodeAttentionPlanTest, ScheduleCoversEverySlotWithinTheQuota) {
   std::mt19937 rng(5);
   check_schedule({4096, 4096, 4096, 4096}, 264);
+  // A 4096-token context and the step's token: 65 tiles a segment at quota 2 make 32 pieces, the
+  // last of three tiles, so that the merge loads them in one round.
+  const std::vector<int32_t> one_more(4, 4097);
+  check_schedule(one_more, 132);
+  const DecodeSchedule merged_once = make_decode_schedule(one_more, 132);
+  EXPECT_EQ(merged_once.quota_tiles, 2);
+  for (int s = 0; s < 4; ++s) {
+    EXPECT_EQ(merged_once.segment_piece_offsets[s + 1] - merged_once.segment_piece_offsets[s],
+              kDecodeMergeBatch);
+  }
   check_schedule({0, 0, 0}, 264);
   // A server's idle sequences: many empty segments beside a few long ones spread over the grid.
   std::vector<int32_t> idle(296, 0);
