@@ -20,9 +20,14 @@
 #                                        # durations.py LAYERS OUT makes the table)
 #   tools/variants/job.sh ncu MODEL REGEX  # Nsight Compute's full set on base's prompt kernels
 #                                        # matching REGEX (the 41st launch: a layer mid-model)
+#                                        # (ncu, ncu-step and ncu-attention also write the
+#                                        # report's raw page, source counters and
+#                                        # tools/variants/ncu_hotspots.py's NAME-hotspots.txt)
 #   tools/variants/job.sh ncu-step MODEL REGEX  # Nsight Compute's full set on base's decode-step
 #                                        # kernels whose demangled names match REGEX (e.g.
-#                                        # 'GemvOutput\)1,': the gate/up GEMV) at batch 1, context 4k:
+#                                        # 'GemvOutput\)1,': the gate/up GEMV; template
+#                                        # arguments print as '<\(bool\)1>', not '<true>') at
+#                                        # batch 1, context 4k:
 #                                        # the 41st match, a layer of a step after the warm-up
 #   tools/variants/job.sh attention B L  # decode attention alone at batch B, context L
 #                                        # (cuda_decode_attention_bench --only B L), the variants
@@ -71,6 +76,14 @@ model_args() {  # MODEL: the bench arguments of a full-size model with random we
   echo "--model $(config "$1") --random-weights 1 --batch ${BATCH:-1} --budgets 1 --json"
 }
 prompt_tokens() { if [ "${1%@*}" = olmoe-1b-7b ]; then echo 4000; else echo 4096; fi; }
+export_ncu() {  # NAME: $OUT/NAME.ncu-rep's details, raw page, source counters and their hot spots
+  $R ncu --import "$OUT/$1.ncu-rep" --page details > "$OUT/$1.txt" 2>&1
+  $R ncu --import "$OUT/$1.ncu-rep" --page raw > "$OUT/$1-raw.txt" 2>&1
+  $R ncu --import "$OUT/$1.ncu-rep" --page source --print-source sass --csv 2>&1 |
+    gzip > "$OUT/$1-source.csv.gz"
+  python3 tools/variants/ncu_hotspots.py "$OUT/$1-source.csv.gz" "$OUT/$1-raw.txt" \
+    > "$OUT/$1-hotspots.txt" 2>&1
+}
 
 # A MODEL argument is checked once here: inside $(...) below a bad one could not stop the job.
 case "${1:-}" in
@@ -176,7 +189,7 @@ ncu)
   $R ncu --set full --clock-control none --kernel-name "regex:$k" --launch-skip 40 --launch-count 1 \
     -o "$OUT/ncu-$m-$k" "$P/ekva" bench $(model_args "$m") --context 16 --steps 1 --warmup 0 \
     --prompt "$(prompt_tokens "$m")" > "$OUT/ncu-$m-$k.log" 2>&1
-  $R ncu --import "$OUT/ncu-$m-$k.ncu-rep" --page details > "$OUT/ncu-$m-$k.txt" 2>&1
+  export_ncu "ncu-$m-$k"
   ;;
 ncu-step)
   m=${2:?ncu-step needs a model directory of tests/fixtures/configs}
@@ -185,7 +198,7 @@ ncu-step)
   $R ncu --set full --clock-control none --kernel-name-base demangled --kernel-name "regex:$k" \
     --launch-skip 40 --launch-count 1 -o "$OUT/$name" "$P/ekva" bench $(model_args "$m") \
     --context "$(prompt_tokens "$m")" --steps 3 --warmup 1 > "$OUT/$name.log" 2>&1
-  $R ncu --import "$OUT/$name.ncu-rep" --page details > "$OUT/$name.txt" 2>&1
+  export_ncu "$name"
   echo "$name: $(grep -m1 -E 'Duration' "$OUT/$name.txt")"
   ;;
 attention)
@@ -206,9 +219,7 @@ ncu-attention)
   $R ncu --set full --import-source yes --clock-control none --kernel-name regex:decode_attention \
     --launch-skip 10 --launch-count 1 -o "$OUT/$name" "$P/cuda_decode_attention_bench" --only "$b" "$l" \
     > "$OUT/$name.log" 2>&1
-  $R ncu --import "$OUT/$name.ncu-rep" --page details > "$OUT/$name.txt" 2>&1
-  $R ncu --import "$OUT/$name.ncu-rep" --page source --print-source sass --csv \
-    > "$OUT/$name-sass.csv" 2>&1
+  export_ncu "$name"
   echo "$name: $(grep -m1 -E 'Duration' "$OUT/$name.txt")"
   ;;
 *)
