@@ -14,9 +14,16 @@ import re
 import sys
 
 
-def open_text(path):
-    return gzip.open(path, "rt", errors="replace") if path.endswith(".gz") else open(
-        path, errors="replace")
+def read_lines(path):
+    """The file's lines (gzip-compressed where it ends in .gz), or exit naming it."""
+    try:
+        if path.endswith(".gz"):
+            with gzip.open(path, "rt", errors="replace") as f:
+                return f.read().splitlines()
+        with open(path, errors="replace") as f:
+            return f.read().splitlines()
+    except (OSError, EOFError) as e:
+        sys.exit(f"{path}: cannot be read: {e}")
 
 
 def stall_ratios(path):
@@ -24,18 +31,18 @@ def stall_ratios(path):
     pattern = re.compile(
         r"smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio\s+\S+\s+([\d.,]+)")
     ratios = []
-    with open_text(path) as f:
-        for line in f:
-            match = pattern.search(line)
-            if match:
-                ratios.append((float(match.group(2).replace(",", "")), match.group(1)))
+    for line in read_lines(path):
+        match = pattern.search(line)
+        if match:
+            ratios.append((float(match.group(2).replace(",", "")), match.group(1)))
+    if not ratios:
+        sys.exit(f"{path}: no smsp__average_warps_issue_stalled_* metrics (not `ncu --page raw`?)")
     return sorted(ratios, reverse=True)
 
 
 def hotspots(path, share):
     """Total PC samples and [(index, samples, executions, source, [(count, reason)])]."""
-    with open_text(path) as f:
-        rows = [row for row in csv.reader(f)]
+    rows = list(csv.reader(read_lines(path)))
     header_at = next((i for i, row in enumerate(rows) if "Source" in row), None)
     if header_at is None:
         sys.exit(f"{path}: no header row with a 'Source' column (not `ncu --page source --csv`?)")
