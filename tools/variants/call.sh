@@ -13,6 +13,8 @@
 #   SAN      VARIANT:FILTER pairs for racecheck and memcheck (job.sh sanitize; default: none)
 #   ATT      B:L pairs at which decode attention alone is timed (job.sh attention) for the
 #            variants ATT_VARIANTS (default base and the variants built; default: none)
+#   NCU      VARIANT:MODEL:REGEX triples whose prompt kernels Nsight Compute profiles (job.sh
+#            ncu; default: none)
 #   NCU_STEP MODEL:REGEX pairs whose decode-step kernels Nsight Compute profiles (job.sh ncu-step;
 #            default: none)
 #   NCU_ATT  B:L pairs whose decode attention Nsight Compute profiles (job.sh ncu-attention;
@@ -57,6 +59,10 @@ for m in ${RECORD-}; do
 done
 for a in ${ATT-}; do
   timeout "${ATT_S:-60}" env VARIANTS="${ATT_VARIANTS:-base $built}" $J attention "${a%%:*}" "${a#*:}"
+done
+for a in ${NCU-}; do
+  r=${a#*:}
+  timeout "${NCU_S:-90}" env VARIANT="${a%%:*}" $J ncu "${r%%:*}" "${r#*:}"
 done
 for a in ${NCU_STEP-}; do
   timeout "${NCU_S:-90}" $J ncu-step "${a%%:*}" "${a#*:}"

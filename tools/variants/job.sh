@@ -18,8 +18,9 @@
 #                                        # layers (default 20) after the first 10: Nsight Compute's
 #                                        # durations, about 10 s a variant (tools/variants/
 #                                        # durations.py LAYERS OUT makes the table)
-#   tools/variants/job.sh ncu MODEL REGEX  # Nsight Compute's full set on base's prompt kernels
-#                                        # matching REGEX (the 41st launch: a layer mid-model)
+#   tools/variants/job.sh ncu MODEL REGEX  # Nsight Compute's full set on a variant's (VARIANT,
+#                                        # default base) prompt kernels matching REGEX (the 41st
+#                                        # launch: a layer mid-model)
 #                                        # (ncu, ncu-step and ncu-attention also write the
 #                                        # report's raw page, source counters and
 #                                        # tools/variants/ncu_hotspots.py's NAME-hotspots.txt)
@@ -186,10 +187,11 @@ durations)
 ncu)
   m=${2:?ncu needs a model directory of tests/fixtures/configs}
   k=${3:?ncu needs a kernel name regex}
+  v=${VARIANT:-base}
   $R ncu --set full --clock-control none --kernel-name "regex:$k" --launch-skip 40 --launch-count 1 \
-    -o "$OUT/ncu-$m-$k" "$P/ekva" bench $(model_args "$m") --context 16 --steps 1 --warmup 0 \
-    --prompt "$(prompt_tokens "$m")" > "$OUT/ncu-$m-$k.log" 2>&1
-  export_ncu "ncu-$m-$k"
+    -o "$OUT/ncu-$v-$m-$k" "$(bin "$v" ekva)" bench $(model_args "$m") --context 16 --steps 1 \
+    --warmup 0 --prompt "$(prompt_tokens "$m")" > "$OUT/ncu-$v-$m-$k.log" 2>&1
+  export_ncu "ncu-$v-$m-$k"
   ;;
 ncu-step)
   m=${2:?ncu-step needs a model directory of tests/fixtures/configs}

@@ -145,6 +145,12 @@ __device__ __forceinline__ uint64_t wgmma_descriptor_n_major(uint32_t start,
          (static_cast<uint64_t>((n_block_bytes & 0x3ffff) >> 4) << 16) | ((kAtomBytes >> 4) << 32) |
          (kSwizzle128 << 62);
 }
+// A descriptor's start address advanced by `bytes` (a multiple of 16; the address stays within
+// shared memory, so the low word's 14-bit field does not carry): one add a product's k-step rather
+// than a descriptor built again.
+__device__ __forceinline__ uint64_t wgmma_descriptor_advanced(uint64_t descriptor, uint32_t bytes) {
+  return (descriptor & ~uint64_t{0xffffffffu}) | (static_cast<uint32_t>(descriptor) + (bytes >> 4));
+}
 // Shared memory written through the generic proxy (stores, cp.async), made visible to the tensor
 // cores' reads of the async proxy; each writing thread fences before the barrier.
 __device__ __forceinline__ void fence_proxy_async_shared() {
@@ -198,25 +204,32 @@ __device__ __forceinline__ void wgmma_wait() {
   "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "  \
   "%56, %57, %58, %59, %60, %61, %62, %63}"
 
-// d[64 x 128] += a[64 x 16] * b[16 x 128]: a and b K-major in shared memory (descriptors), bf16,
+// d[64 x 128] (+)= a[64 x 16] * b[16 x 128]: a and b K-major in shared memory (descriptors), bf16,
 // fp32 accumulators laid out as mma_bf16_16816's over 16 column blocks of 8: warp w of the
 // warpgroup holds rows 16w + lane / 4 (+ 8 for d[4i + 2], d[4i + 3]) and columns 8i + 2 (lane % 4)
-// (+ 1 for the odd registers).
+// (+ 1 for the odd registers). Without Accumulate, d is only written (no zeroing before a
+// product's first k-step, and d's old values need not stay live).
+#define EKVA_WGMMA_M64N128K16(mod, accumulate)                                \
+  asm volatile(                                                               \
+      "{\n"                                                                   \
+      ".reg .pred accumulate;\n"                                              \
+      "setp.ne.b32 accumulate, %66, 0;\n"                                     \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " EKVA_WGMMA_R64 \
+      ", %64, %65, accumulate, 1, 1, 0, 0;\n"                                 \
+      "}\n"                                                                   \
+      : EKVA_WGMMA_D64(mod)                                                   \
+      : "l"(a), "l"(b), "r"(accumulate))
+template <bool Accumulate>
 __device__ __forceinline__ void wgmma_m64n128k16_bf16(float (&d)[64], uint64_t a, uint64_t b) {
-  asm volatile(
-      "{\n"
-      ".reg .pred accumulate;\n"
-      "setp.ne.b32 accumulate, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " EKVA_WGMMA_R64
-      ", %64, %65, accumulate, 1, 1, 0, 0;\n"
-      "}\n"
-      : EKVA_WGMMA_D64("+f")
-      : "l"(a), "l"(b), "r"(1));
+  if constexpr (Accumulate) {
+    EKVA_WGMMA_M64N128K16("+f", 1);
+  } else {
+    EKVA_WGMMA_M64N128K16("=f", 0);
+  }
 }
+#undef EKVA_WGMMA_M64N128K16
 
-// d[64 x 64] (+)= a[64 x 16] * b[16 x 64], as wgmma_m64n128k16_bf16 over 8 column blocks; without
-// Accumulate, d is only written (no zeroing before a product's first k-step, and d's old values
-// need not stay live).
+// d[64 x 64] (+)= a[64 x 16] * b[16 x 64], as wgmma_m64n128k16_bf16 over 8 column blocks.
 #define EKVA_WGMMA_M64N64K16(mod, accumulate)                                \
   asm volatile(                                                              \
       "{\n"                                                                  \

@@ -358,8 +358,8 @@ __global__ void __launch_bounds__(GroupedGemmShape<Tokens>::kWarps * 32, 1)
       wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < kCols / 16; ++ks) {
-        wgmma_m64n128k16_bf16(d, wgmma_descriptor(w_at + ks * 32),
-                              wgmma_descriptor(x_at + ks * 32));
+        wgmma_m64n128k16_bf16<true>(d, wgmma_descriptor(w_at + ks * 32),
+                                    wgmma_descriptor(x_at + ks * 32));
       }
       wgmma_commit();
       wgmma_fence_operands(d);

@@ -1,5 +1,5 @@
 // Attention of runs of one sequence's tokens over the paged KV pool on the tensor cores: one CTA
-// per (tile of up to kPrefillTileTokens consecutive tokens, query head), 64 slots per step with an
+// per (tile of up to kPrefillTileTokens consecutive tokens, query head), 128 slots per step with an
 // online softmax (S = QK^T and O = PV on the warpgroup MMA, Q, K and V from shared memory, P from
 // registers; bf16 with fp32 accumulators). A producer warpgroup copies the slots into a ring of
 // stages ahead of two consumer warpgroups of 64 query rows each (below). Causal by each slot's
@@ -25,16 +25,20 @@ namespace {
 // a CTA barrier a step, so that the two consumers drift apart and one's softmax runs while the
 // other's products do; and the producer gives its registers to the consumers (setmaxnreg), which
 // hold a step's S and the step before's P and O at once: each step's S product is issued with the
-// previous step's PV product, and the softmax runs while the PV product does.
+// previous step's PV product, and the softmax runs while the PV product does. A stage's keys (with
+// their positions) and its values have barriers of their own: the keys are free once the step's
+// softmax has read its scores, the values only once the next step's PV product is done.
 constexpr int kWarpRows = 16;  // a warpgroup's m64 products hold 16 rows in each of its warps
 constexpr int kGroupRows = 64;
 constexpr int kConsumers = kPrefillTileTokens / kGroupRows;
 constexpr int kThreads = 128 * (1 + kConsumers);
-constexpr int kSlots = 64;  // per step of the slot loop
-constexpr int kStages = 4;
-// 128 x 40 + 256 x 232 registers: the 384 x 168 that the launch bounds give the CTA.
-constexpr int kProducerRegisters = 40;
-constexpr int kConsumerRegisters = 232;
+// Slots per step: 128 rather than 64, so that an S product's k-step reads 6 kB of shared memory
+// per 64 clocks of the tensor cores rather than 4 kB per 32 (their limit of 128 bytes a clock).
+constexpr int kSlots = 128;
+constexpr int kStages = 2;
+// 128 x 64 + 256 x 216 registers: the 384 x 168 that the launch bounds give the CTA.
+constexpr int kProducerRegisters = 64;
+constexpr int kConsumerRegisters = 216;
 
 // Q, K and V as the warpgroup MMA reads them (Q and K K-major, V N-major): column blocks of 64
 // elements, each [rows][64] with the 128-byte swizzle. head_dim 32 pads its rows to 64 (with zeros
@@ -106,7 +110,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ int32_t query_pos[kPrefillTileTokens];
   __shared__ int32_t max_query_pos;
   __shared__ int32_t last_visible_slot;
-  __shared__ uint64_t full[kStages], empty[kStages];
+  // A stage's keys (and positions) and its values: copied (full), and read by both consumers
+  // (empty).
+  __shared__ uint64_t keys_full[kStages], keys_empty[kStages], values_full[kStages],
+      values_empty[kStages];
 
   // Later tiles of a sequence see more slots: they start first, so that the grid's last wave is
   // of short ones.
@@ -125,20 +132,35 @@ __global__ void __launch_bounds__(kThreads, 1)
     max_query_pos = INT_MIN;
     last_visible_slot = -1;
     for (int s = 0; s < kStages; ++s) {
-      mbarrier_init(shared_address(&full[s]), 128);                // the producer's threads
-      mbarrier_init(shared_address(&empty[s]), 128 * kConsumers);  // the consumers' threads
+      // The producer's threads, and the consumers'.
+      mbarrier_init(shared_address(&keys_full[s]), 128);
+      mbarrier_init(shared_address(&values_full[s]), 128);
+      mbarrier_init(shared_address(&keys_empty[s]), 128 * kConsumers);
+      mbarrier_init(shared_address(&values_empty[s]), 128 * kConsumers);
     }
     // The initialised barriers seen by the copies' asynchronous arrivals too.
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  for (int c = threadIdx.x; c < kPrefillTileTokens * kChunks; c += kThreads) {
-    const int r = c / kChunks, chunk = c % kChunks;
-    uint4 packed = make_uint4(0, 0, 0, 0);
-    if (r < count) {
-      packed = *reinterpret_cast<const uint4*>(
-          a.q + (static_cast<int64_t>(first + r) * a.num_q_heads + h) * D + chunk * 8);
+  {
+    // All of a thread's loads of Q before its stores, so that their latencies overlap.
+    constexpr int kQLoads = (kPrefillTileTokens * kChunks + kThreads - 1) / kThreads;
+    uint4 packed[kQLoads];
+#pragma unroll
+    for (int k = 0; k < kQLoads; ++k) {
+      const int c = threadIdx.x + k * kThreads, r = c / kChunks, chunk = c % kChunks;
+      packed[k] = make_uint4(0, 0, 0, 0);
+      if (r < count) {
+        packed[k] = *reinterpret_cast<const uint4*>(
+            a.q + (static_cast<int64_t>(first + r) * a.num_q_heads + h) * D + chunk * 8);
+      }
     }
-    *reinterpret_cast<uint4*>(q_tile + operand_at<kPrefillTileTokens>(r, chunk)) = packed;
+#pragma unroll
+    for (int k = 0; k < kQLoads; ++k) {
+      const int c = threadIdx.x + k * kThreads, r = c / kChunks, chunk = c % kChunks;
+      if (r < kPrefillTileTokens) {
+        *reinterpret_cast<uint4*>(q_tile + operand_at<kPrefillTileTokens>(r, chunk)) = packed[k];
+      }
+    }
   }
   // head_dim 32's zero columns of Q and of every stage of K, which no copy writes.
   constexpr int kPadChunks = kOC / 8 - kChunks;
@@ -163,19 +185,32 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The slots after the last one any query of the tile sees take no steps. Slots need not be in
   // position order (eviction moves rows), so every slot's position is read. A thread's slots are
   // kThreads apart: its page and row step along with them, with no division per slot (a 4096-slot
-  // segment's scan took 16 per thread).
+  // segment's scan took 16 per thread). Its page ids, then its positions, are read kScanBatch at
+  // a time, so that their latencies overlap (one slot at a time, the scan was two L2 round trips
+  // a slot).
   {
+    constexpr int kScanBatch = 8;
     int last = -1;
     const int page_step = kThreads / kv.page_size, row_step = kThreads % kv.page_size;
     int page = threadIdx.x / kv.page_size, row = threadIdx.x % kv.page_size;
-    for (int slot = threadIdx.x; slot < length; slot += kThreads) {
-      const int64_t at = static_cast<int64_t>(table[page]) * kv.page_size + row;
-      if (kv.meta[at].position <= max_query_pos) last = slot;
-      page += page_step;
-      row += row_step;
-      if (row >= kv.page_size) {
-        row -= kv.page_size;
-        ++page;
+    for (int batch = threadIdx.x; batch < length; batch += kScanBatch * kThreads) {
+      int64_t at[kScanBatch];
+#pragma unroll
+      for (int k = 0; k < kScanBatch; ++k) {
+        at[k] = -1;
+        if (batch + k * kThreads < length) {
+          at[k] = static_cast<int64_t>(table[page]) * kv.page_size + row;
+        }
+        page += page_step;
+        row += row_step;
+        if (row >= kv.page_size) {
+          row -= kv.page_size;
+          ++page;
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kScanBatch; ++k) {
+        if (at[k] >= 0 && kv.meta[at[k]].position <= max_query_pos) last = batch + k * kThreads;
       }
     }
     last = __reduce_max_sync(0xffffffffu, last);
@@ -186,43 +221,67 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int steps = (last_visible_slot + kSlots) / kSlots;
 
   if (warpgroup == 0) {
-    // The producer: two threads a slot, each copying half of its key's and value's chunks, which
-    // look its page up once. A thread's chunks are two apart, so that each copy instruction reads
-    // whole 64-byte runs of its slots' rows, and odd slots take their runs in the other order, so
-    // that a quarter-warp's two slots write distinct banks.
+    // The producer: two threads a slot, kPasses slots a step, each thread copying half of its
+    // slot's key and value chunks. A thread's chunks are two apart, so that each copy instruction
+    // reads whole 32-byte sectors of its slots' rows, and odd slots take their chunks in the other
+    // order, so that a quarter-warp's slots write distinct banks. A thread's slots are 64 apart:
+    // its page and row step along with them, with no division per slot (one a copy made the
+    // producer the kernel's limit).
     registers_down<kProducerRegisters>();
-    constexpr int kSlotThreads = 128 / kSlots;
+    constexpr int kSlotThreads = 2;
+    constexpr int kPassSlots = 128 / kSlotThreads;
+    constexpr int kPasses = kSlots / kPassSlots;
     constexpr int kSlotChunks = kChunks / kSlotThreads;
-    static_assert(kChunks % kSlotThreads == 0);
+    static_assert(kChunks % kSlotThreads == 0 && kSlots % kPassSlots == 0);
     const int copy_slot = threadIdx.x / kSlotThreads, copy_part = threadIdx.x % kSlotThreads;
+    const int page_step = kPassSlots / kv.page_size, row_step = kPassSlots % kv.page_size;
+    int page_index = copy_slot / kv.page_size, row = copy_slot % kv.page_size;
+    int64_t pages[kPasses];
+    int rows[kPasses];
+    const auto copy = [&](int step, uint16_t* tiles, int64_t value_offset, bool positions) {
+      const int stage = step % kStages;
+#pragma unroll
+      for (int pass = 0; pass < kPasses; ++pass) {
+        const int stage_slot = pass * kPassSlots + copy_slot;
+        const bool valid = step * kSlots + stage_slot < length;
+        const uint16_t* key = kv.pool + (pages[pass] * 2 * kv.page_size + rows[pass]) * D;
+#pragma unroll
+        for (int j = 0; j < kSlotChunks; ++j) {
+          const int chunk = ((j ^ (copy_slot % 2)) % kSlotChunks) * kSlotThreads + copy_part;
+          cp_async_16(
+              shared_address(tiles + stage * kSlots * kOC + operand_at<kSlots>(stage_slot, chunk)),
+              key + value_offset + chunk * 8, valid);
+        }
+        if (positions && copy_part == 0) {
+          cp_async_4(
+              shared_address(&slot_pos[stage][stage_slot]),
+              valid ? &kv.meta[pages[pass] * kv.page_size + rows[pass]].position : &kNoPosition);
+        }
+      }
+    };
     for (int step = 0; step < steps; ++step) {
       const int stage = step % kStages;
       // The stage's previous slots, step - kStages, released by both consumers.
-      if (step >= kStages) mbarrier_wait(shared_address(&empty[stage]), (step / kStages - 1) & 1);
-      const int slot = step * kSlots + copy_slot;
-      const bool valid = slot < length;
-      int64_t page = 0;
-      int row = 0;
-      if (valid) {
-        const int page_index = slot / kv.page_size;
-        page = table[page_index];
-        row = slot - page_index * kv.page_size;
-      }
-      const int64_t pool_row = page * kv.page_size + row;
-      const uint16_t* key = kv.pool + (page * 2 * kv.page_size + row) * D;
+      const uint32_t released = (step / kStages - 1) & 1;
+      // The step's pages, looked up before the wait.
 #pragma unroll
-      for (int j = 0; j < kSlotChunks; ++j) {
-        const int chunk = ((j ^ (copy_slot % 2)) % kSlotChunks) * kSlotThreads + copy_part;
-        const int at = stage * kSlots * kOC + operand_at<kSlots>(copy_slot, chunk);
-        cp_async_16(shared_address(k_tiles + at), key + chunk * 8, valid);
-        cp_async_16(shared_address(v_tiles + at),
-                    key + static_cast<int64_t>(kv.page_size) * D + chunk * 8, valid);
+      for (int pass = 0; pass < kPasses; ++pass) {
+        const bool valid = step * kSlots + pass * kPassSlots + copy_slot < length;
+        pages[pass] = valid ? table[page_index] : 0;
+        rows[pass] = row;
+        page_index += page_step;
+        row += row_step;
+        if (row >= kv.page_size) {
+          row -= kv.page_size;
+          ++page_index;
+        }
       }
-      if (copy_part == 0) {
-        cp_async_4(shared_address(&slot_pos[stage][copy_slot]),
-                   valid ? &kv.meta[pool_row].position : &kNoPosition);
-      }
-      mbarrier_arrive_after_copies(shared_address(&full[stage]));
+      if (step >= kStages) mbarrier_wait(shared_address(&keys_empty[stage]), released);
+      copy(step, k_tiles, 0, true);
+      mbarrier_arrive_after_copies(shared_address(&keys_full[stage]));
+      if (step >= kStages) mbarrier_wait(shared_address(&values_empty[stage]), released);
+      copy(step, v_tiles, static_cast<int64_t>(kv.page_size) * D, false);
+      mbarrier_arrive_after_copies(shared_address(&values_full[stage]));
     }
     cp_async_wait_all();
     return;
@@ -245,13 +304,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (row_base + 8 * i < count) warp_min = min(warp_min, pos[i]);
   }
   warp_min = __reduce_min_sync(0xffffffffu, warp_min);
-  static_assert(kSlots == 64, "each lane reads two slots' positions");
+  static_assert(kSlots == 128, "each lane reads four slots' positions");
   const int group_max = __reduce_max_sync(  // INT_MIN past the tile's tokens
       0xffffffffu,
       max(query_pos[consumer * kGroupRows + lane], query_pos[consumer * kGroupRows + lane + 32]));
   // The warpgroup's Q rows and the K stages as descriptors' start addresses, in bytes.
-  const uint32_t q_at = shared_address(q_tile + consumer * kGroupRows * kBlockCols);
-  const uint32_t k_at = shared_address(k_tiles), v_at = shared_address(v_tiles);
+  const uint64_t q_desc =
+      wgmma_descriptor(shared_address(q_tile + consumer * kGroupRows * kBlockCols));
+  const uint64_t k_desc = wgmma_descriptor(shared_address(k_tiles));
+  const uint64_t v_desc =
+      wgmma_descriptor_n_major(shared_address(v_tiles), kSlots * kBlockCols * 2);
 
   float o[kOC / 8][4] = {};  // head_dim 32: the first four blocks
   float(&output)[kOC / 2] = reinterpret_cast<float(&)[kOC / 2]>(o);
@@ -264,44 +326,61 @@ __global__ void __launch_bounds__(kThreads, 1)
   float s[kSlots / 8][4];  // S, then P, of a step
   float(&scores)[kSlots / 2] = reinterpret_cast<float(&)[kSlots / 2]>(s);
 
-  // Waits for the step's slots and issues its S product (whether or not the warpgroup sees them,
+  // The consumers take turns at issuing their products (named barrier 1 + c is consumer c's turn:
+  // its own 128 threads wait there for the other's 128 to arrive), so that one's softmax runs
+  // while the other's products do, rather than both waiting on the tensor cores at once.
+  // Consumer 1 gives consumer 0 the first turn.
+  constexpr int kTurnThreads = 128 * kConsumers;
+  static_assert(kConsumers == 2, "turns alternate between two consumers");
+  const auto take_turn = [&] {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(1 + consumer), "n"(kTurnThreads) : "memory");
+  };
+  const auto pass_turn = [&] {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(2 - consumer), "n"(kTurnThreads) : "memory");
+  };
+  // Waits for the step's keys and issues its S product (whether or not the warpgroup sees them,
   // so that every step's products are issued and waited for the same way: with the products
   // issued under conditions, ptxas serialised them).
   const auto issue_s = [&](int step) {
     const int stage = step % kStages;
-    mbarrier_wait(shared_address(&full[stage]), (step / kStages) & 1);
-    fence_proxy_async_shared();  // the copies seen by the tensor cores' reads
-    const uint32_t k_stage = k_at + stage * kSlots * kOC * 2;
+    mbarrier_wait(shared_address(&keys_full[stage]), (step / kStages) & 1);
+    fence_proxy_async_shared();  // the copies (keys, and values waited for) seen by the MMA
+    take_turn();
+    const uint64_t k_stage = wgmma_descriptor_advanced(k_desc, stage * kSlots * kOC * 2);
     wgmma_fence_operands(output);
     wgmma_fence_operands(p_words);
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < kOC / 16; ++ks) {
       // k-step ks: column block ks / 4, 32 bytes into its rows per step within it.
-      const uint64_t q_desc =
-          wgmma_descriptor(q_at + (ks / 4) * kPrefillTileTokens * kBlockCols * 2 + (ks % 4) * 32);
-      const uint64_t k_desc =
-          wgmma_descriptor(k_stage + (ks / 4) * kSlots * kBlockCols * 2 + (ks % 4) * 32);
+      const uint64_t q_step = wgmma_descriptor_advanced(
+          q_desc, (ks / 4) * kPrefillTileTokens * kBlockCols * 2 + (ks % 4) * 32);
+      const uint64_t k_step =
+          wgmma_descriptor_advanced(k_stage, (ks / 4) * kSlots * kBlockCols * 2 + (ks % 4) * 32);
       if (ks == 0) {
-        wgmma_m64n64k16_bf16<false>(scores, q_desc, k_desc);
+        wgmma_m64n128k16_bf16<false>(scores, q_step, k_step);
       } else {
-        wgmma_m64n64k16_bf16<true>(scores, q_desc, k_desc);
+        wgmma_m64n128k16_bf16<true>(scores, q_step, k_step);
       }
     }
     wgmma_commit();
   };
-  // O += P V over the stage of `step`, issued and committed.
+  // Waits for the values of `step`, before the next S product's wait and proxy fence (a wait
+  // between the products' fence and the PV product made ptxas fence again).
+  const auto wait_values = [&](int step) {
+    mbarrier_wait(shared_address(&values_full[step % kStages]), (step / kStages) & 1);
+  };
+  // O += P V over the values of `step`, issued and committed.
   const auto issue_pv = [&](int step) {
-    const uint32_t v_stage = v_at + (step % kStages) * kSlots * kOC * 2;
+    const uint64_t v_stage = wgmma_descriptor_advanced(v_desc, (step % kStages) * kSlots * kOC * 2);
 #pragma unroll
     for (int kk = 0; kk < kSlots / 16; ++kk) {
       // k-step kk: slots 16 kk .. 16 kk + 15, two of V's 8-row atoms.
-      const uint64_t v_desc =
-          wgmma_descriptor_n_major(v_stage + kk * 16 * kBlockCols * 2, kSlots * kBlockCols * 2);
+      const uint64_t v_step = wgmma_descriptor_advanced(v_stage, kk * 16 * kBlockCols * 2);
       if constexpr (kOC == 128) {
-        wgmma_m64n128k16_bf16_n_major(output, p[kk], v_desc);
+        wgmma_m64n128k16_bf16_n_major(output, p[kk], v_step);
       } else {
-        wgmma_m64n64k16_bf16_n_major(output, p[kk], v_desc);
+        wgmma_m64n64k16_bf16_n_major(output, p[kk], v_step);
       }
     }
     wgmma_commit();
@@ -314,9 +393,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int stage = step % kStages;
     // Slots all after every query of the warpgroup (the causal upper triangle) cost it no
     // arithmetic; slots all before every query of the warp (below the diagonal) need no mask.
-    const int first_position = slot_pos[stage][lane], second_position = slot_pos[stage][lane + 32];
-    visible = __any_sync(0xffffffffu, min(first_position, second_position) <= group_max);
-    const bool unmasked = __all_sync(0xffffffffu, max(first_position, second_position) <= warp_min);
+    int lowest = INT_MAX, highest = INT_MIN;
+#pragma unroll
+    for (int k = 0; k < kSlots / 32; ++k) {
+      lowest = min(lowest, slot_pos[stage][lane + 32 * k]);
+      highest = max(highest, slot_pos[stage][lane + 32 * k]);
+    }
+    visible = __any_sync(0xffffffffu, lowest <= group_max);
+    const bool unmasked = __all_sync(0xffffffffu, highest <= warp_min);
     bool grew = false;
     if (!visible) return grew;
     // Scores stay unscaled until their exponent (scale_log2 > 0 keeps their order); a step with
@@ -392,30 +476,44 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   };
 
+  // The thread's release of a stage's keys or values.
+  const auto release = [&](uint64_t* barriers, int step) {
+    mbarrier_arrive(shared_address(&barriers[step % kStages]));
+  };
   if (steps > 0) {
+    if (consumer == 1) pass_turn();
     issue_s(0);
+    pass_turn();
     wgmma_wait<0>();
     wgmma_fence_operands(scores);
     bool visible = false;
     const bool grew = softmax(0, visible);
+    release(keys_empty, 0);
     next_p(visible, grew);
     for (int step = 1; step < steps; ++step) {
+      wait_values(step - 1);
       issue_s(step);
       issue_pv(step - 1);
+      pass_turn();
       wgmma_wait<1>();
       wgmma_fence_operands(scores);
       const bool step_grew = softmax(step, visible);
+      release(keys_empty, step);
       wgmma_wait<0>();
       wgmma_fence_operands(output);
       wgmma_fence_operands(p_words);
-      // The step before's K and V are read: the producer may refill their stage.
-      mbarrier_arrive(shared_address(&empty[(step - 1) % kStages]));
+      release(values_empty, step - 1);
       next_p(visible, step_grew);
     }
+    wait_values(steps - 1);
+    fence_proxy_async_shared();
     wgmma_fence_operands(output);
     wgmma_fence_operands(p_words);
+    take_turn();
     wgmma_fence();
     issue_pv(steps - 1);
+    // Consumer 1's last turn is given to no one: consumer 0 takes no more.
+    if (consumer == 0) pass_turn();
     wgmma_wait<0>();
     wgmma_fence_operands(output);
   }
