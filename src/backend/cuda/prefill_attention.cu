@@ -35,10 +35,13 @@ constexpr int kThreads = 128 * (1 + kConsumers);
 // Slots per step: 128 rather than 64, so that an S product's k-step reads 6 kB of shared memory
 // per 64 clocks of the tensor cores rather than 4 kB per 32 (their limit of 128 bytes a clock).
 constexpr int kSlots = 128;
-constexpr int kStages = 2;
-// 128 x 64 + 256 x 216 registers: the 384 x 168 that the launch bounds give the CTA.
-constexpr int kProducerRegisters = 64;
-constexpr int kConsumerRegisters = 216;
+// Stages of keys and of values: keys three, as a step's keys are needed a step before its values
+// (its S product comes before its PV product), and the producer copies them a step ahead.
+constexpr int kKeyStages = 3;
+constexpr int kValueStages = 2;
+// 128 x 80 + 256 x 208 registers: within the 384 x 168 that the launch bounds give the CTA.
+constexpr int kProducerRegisters = 80;
+constexpr int kConsumerRegisters = 208;
 
 // Q, K and V as the warpgroup MMA reads them (Q and K K-major, V N-major): column blocks of 64
 // elements, each [rows][64] with the 128-byte swizzle. head_dim 32 pads its rows to 64 (with zeros
@@ -54,7 +57,7 @@ __device__ __forceinline__ int operand_at(int row, int chunk) {
 // Q, the stages of K and V, and room to align the tiles to the swizzle's 1024-byte atoms.
 template <int D>
 constexpr int shared_bytes() {
-  return (kPrefillTileTokens + 2 * kStages * kSlots) * kOperandCols<D> *
+  return (kPrefillTileTokens + (kKeyStages + kValueStages) * kSlots) * kOperandCols<D> *
              static_cast<int>(sizeof(uint16_t)) +
          1024;
 }
@@ -105,15 +108,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint16_t* q_tile = reinterpret_cast<uint16_t*>(reinterpret_cast<char*>(shared_raw) +
                                                  (((raw + 1023) & ~1023u) - raw));
   uint16_t* k_tiles = q_tile + kPrefillTileTokens * kOC;
-  uint16_t* v_tiles = k_tiles + kStages * kSlots * kOC;
-  __shared__ int32_t slot_pos[kStages][kSlots];
+  uint16_t* v_tiles = k_tiles + kKeyStages * kSlots * kOC;
+  __shared__ int32_t slot_pos[kKeyStages][kSlots];
   __shared__ int32_t query_pos[kPrefillTileTokens];
   __shared__ int32_t max_query_pos;
   __shared__ int32_t last_visible_slot;
   // A stage's keys (and positions) and its values: copied (full), and read by both consumers
   // (empty).
-  __shared__ uint64_t keys_full[kStages], keys_empty[kStages], values_full[kStages],
-      values_empty[kStages];
+  __shared__ uint64_t keys_full[kKeyStages], keys_empty[kKeyStages], values_full[kValueStages],
+      values_empty[kValueStages];
 
   // Later tiles of a sequence see more slots: they start first, so that the grid's last wave is
   // of short ones.
@@ -131,11 +134,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     max_query_pos = INT_MIN;
     last_visible_slot = -1;
-    for (int s = 0; s < kStages; ++s) {
-      // The producer's threads, and the consumers'.
+    // The producer's threads, and the consumers'.
+    for (int s = 0; s < kKeyStages; ++s) {
       mbarrier_init(shared_address(&keys_full[s]), 128);
-      mbarrier_init(shared_address(&values_full[s]), 128);
       mbarrier_init(shared_address(&keys_empty[s]), 128 * kConsumers);
+    }
+    for (int s = 0; s < kValueStages; ++s) {
+      mbarrier_init(shared_address(&values_full[s]), 128);
       mbarrier_init(shared_address(&values_empty[s]), 128 * kConsumers);
     }
     // The initialised barriers seen by the copies' asynchronous arrivals too.
@@ -165,7 +170,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // head_dim 32's zero columns of Q and of every stage of K, which no copy writes.
   constexpr int kPadChunks = kOC / 8 - kChunks;
   if constexpr (kPadChunks > 0) {
-    for (int c = threadIdx.x; c < (kPrefillTileTokens + kStages * kSlots) * kPadChunks;
+    for (int c = threadIdx.x; c < (kPrefillTileTokens + kKeyStages * kSlots) * kPadChunks;
          c += kThreads) {
       const int r = c / kPadChunks, chunk = kChunks + c % kPadChunks;
       uint16_t* at = r < kPrefillTileTokens
@@ -236,39 +241,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int copy_slot = threadIdx.x / kSlotThreads, copy_part = threadIdx.x % kSlotThreads;
     const int page_step = kPassSlots / kv.page_size, row_step = kPassSlots % kv.page_size;
     int page_index = copy_slot / kv.page_size, row = copy_slot % kv.page_size;
-    int64_t pages[kPasses];
-    int rows[kPasses];
-    const auto copy = [&](int step, uint16_t* tiles, int64_t value_offset, bool positions) {
-      const int stage = step % kStages;
-#pragma unroll
-      for (int pass = 0; pass < kPasses; ++pass) {
-        const int stage_slot = pass * kPassSlots + copy_slot;
-        const bool valid = step * kSlots + stage_slot < length;
-        const uint16_t* key = kv.pool + (pages[pass] * 2 * kv.page_size + rows[pass]) * D;
-#pragma unroll
-        for (int j = 0; j < kSlotChunks; ++j) {
-          const int chunk = ((j ^ (copy_slot % 2)) % kSlotChunks) * kSlotThreads + copy_part;
-          cp_async_16(
-              shared_address(tiles + stage * kSlots * kOC + operand_at<kSlots>(stage_slot, chunk)),
-              key + value_offset + chunk * 8, valid);
-        }
-        if (positions && copy_part == 0) {
-          cp_async_4(
-              shared_address(&slot_pos[stage][stage_slot]),
-              valid ? &kv.meta[pages[pass] * kv.page_size + rows[pass]].position : &kNoPosition);
-        }
-      }
+    // The pages of a step's slots: looked up for its keys, used again for its values.
+    struct Slots {
+      int32_t pages[kPasses];
+      int rows[kPasses];
     };
-    for (int step = 0; step < steps; ++step) {
-      const int stage = step % kStages;
-      // The stage's previous slots, step - kStages, released by both consumers.
-      const uint32_t released = (step / kStages - 1) & 1;
-      // The step's pages, looked up before the wait.
+    const auto look_up = [&](int step, Slots& at) {
 #pragma unroll
       for (int pass = 0; pass < kPasses; ++pass) {
         const bool valid = step * kSlots + pass * kPassSlots + copy_slot < length;
-        pages[pass] = valid ? table[page_index] : 0;
-        rows[pass] = row;
+        at.pages[pass] = valid ? table[page_index] : 0;
+        at.rows[pass] = row;
         page_index += page_step;
         row += row_step;
         if (row >= kv.page_size) {
@@ -276,12 +259,53 @@ __global__ void __launch_bounds__(kThreads, 1)
           ++page_index;
         }
       }
-      if (step >= kStages) mbarrier_wait(shared_address(&keys_empty[stage]), released);
-      copy(step, k_tiles, 0, true);
-      mbarrier_arrive_after_copies(shared_address(&keys_full[stage]));
-      if (step >= kStages) mbarrier_wait(shared_address(&values_empty[stage]), released);
-      copy(step, v_tiles, static_cast<int64_t>(kv.page_size) * D, false);
-      mbarrier_arrive_after_copies(shared_address(&values_full[stage]));
+    };
+    const auto copy = [&](int step, const Slots& at, uint16_t* tiles, int stage, bool keys) {
+      const int64_t value_offset = keys ? 0 : static_cast<int64_t>(kv.page_size) * D;
+#pragma unroll
+      for (int pass = 0; pass < kPasses; ++pass) {
+        const int stage_slot = pass * kPassSlots + copy_slot;
+        const bool valid = step * kSlots + stage_slot < length;
+        const uint16_t* key =
+            kv.pool + (static_cast<int64_t>(at.pages[pass]) * 2 * kv.page_size + at.rows[pass]) * D;
+#pragma unroll
+        for (int j = 0; j < kSlotChunks; ++j) {
+          const int chunk = ((j ^ (copy_slot % 2)) % kSlotChunks) * kSlotThreads + copy_part;
+          cp_async_16(
+              shared_address(tiles + stage * kSlots * kOC + operand_at<kSlots>(stage_slot, chunk)),
+              key + value_offset + chunk * 8, valid);
+        }
+        if (keys && copy_part == 0) {
+          cp_async_4(
+              shared_address(&slot_pos[stage][stage_slot]),
+              valid ? &kv.meta[static_cast<int64_t>(at.pages[pass]) * kv.page_size + at.rows[pass]]
+                           .position
+                    : &kNoPosition);
+        }
+      }
+    };
+    // Keys a step ahead of values: turn i copies the keys of step i and the values of step i - 1.
+    // A stage's n-th fill waits for the consumers' release of its fill n - 1.
+    Slots key_slots{}, value_slots{};
+    for (int turn = 0; turn <= steps; ++turn) {
+      value_slots = key_slots;
+      if (turn < steps) {
+        look_up(turn, key_slots);
+        const int stage = turn % kKeyStages;
+        if (turn >= kKeyStages) {
+          mbarrier_wait(shared_address(&keys_empty[stage]), (turn / kKeyStages - 1) & 1);
+        }
+        copy(turn, key_slots, k_tiles, stage, true);
+        mbarrier_arrive_after_copies(shared_address(&keys_full[stage]));
+      }
+      if (turn > 0) {
+        const int step = turn - 1, stage = step % kValueStages;
+        if (step >= kValueStages) {
+          mbarrier_wait(shared_address(&values_empty[stage]), (step / kValueStages - 1) & 1);
+        }
+        copy(step, value_slots, v_tiles, stage, false);
+        mbarrier_arrive_after_copies(shared_address(&values_full[stage]));
+      }
     }
     cp_async_wait_all();
     return;
@@ -342,8 +366,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // so that every step's products are issued and waited for the same way: with the products
   // issued under conditions, ptxas serialised them).
   const auto issue_s = [&](int step) {
-    const int stage = step % kStages;
-    mbarrier_wait(shared_address(&keys_full[stage]), (step / kStages) & 1);
+    const int stage = step % kKeyStages;
+    mbarrier_wait(shared_address(&keys_full[stage]), (step / kKeyStages) & 1);
     fence_proxy_async_shared();  // the copies (keys, and values waited for) seen by the MMA
     take_turn();
     const uint64_t k_stage = wgmma_descriptor_advanced(k_desc, stage * kSlots * kOC * 2);
@@ -368,11 +392,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Waits for the values of `step`, before the next S product's wait and proxy fence (a wait
   // between the products' fence and the PV product made ptxas fence again).
   const auto wait_values = [&](int step) {
-    mbarrier_wait(shared_address(&values_full[step % kStages]), (step / kStages) & 1);
+    mbarrier_wait(shared_address(&values_full[step % kValueStages]), (step / kValueStages) & 1);
   };
   // O += P V over the values of `step`, issued and committed.
   const auto issue_pv = [&](int step) {
-    const uint64_t v_stage = wgmma_descriptor_advanced(v_desc, (step % kStages) * kSlots * kOC * 2);
+    const uint64_t v_stage =
+        wgmma_descriptor_advanced(v_desc, (step % kValueStages) * kSlots * kOC * 2);
 #pragma unroll
     for (int kk = 0; kk < kSlots / 16; ++kk) {
       // k-step kk: slots 16 kk .. 16 kk + 15, two of V's 8-row atoms.
@@ -390,7 +415,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // maximum grew. A step the warpgroup does not see leaves everything as it was.
   float correction[kRows];
   const auto softmax = [&](int step, bool& visible) {
-    const int stage = step % kStages;
+    const int stage = step % kKeyStages;
     // Slots all after every query of the warpgroup (the causal upper triangle) cost it no
     // arithmetic; slots all before every query of the warp (below the diagonal) need no mask.
     int lowest = INT_MAX, highest = INT_MIN;
@@ -476,9 +501,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   };
 
-  // The thread's release of a stage's keys or values.
-  const auto release = [&](uint64_t* barriers, int step) {
-    mbarrier_arrive(shared_address(&barriers[step % kStages]));
+  // The thread's release of a step's keys or values.
+  const auto release_keys = [&](int step) {
+    mbarrier_arrive(shared_address(&keys_empty[step % kKeyStages]));
+  };
+  const auto release_values = [&](int step) {
+    mbarrier_arrive(shared_address(&values_empty[step % kValueStages]));
   };
   if (steps > 0) {
     if (consumer == 1) pass_turn();
@@ -488,7 +516,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_fence_operands(scores);
     bool visible = false;
     const bool grew = softmax(0, visible);
-    release(keys_empty, 0);
+    release_keys(0);
     next_p(visible, grew);
     for (int step = 1; step < steps; ++step) {
       wait_values(step - 1);
@@ -498,11 +526,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_wait<1>();
       wgmma_fence_operands(scores);
       const bool step_grew = softmax(step, visible);
-      release(keys_empty, step);
+      release_keys(step);
       wgmma_wait<0>();
       wgmma_fence_operands(output);
       wgmma_fence_operands(p_words);
-      release(values_empty, step - 1);
+      release_values(step - 1);
       next_p(visible, step_grew);
     }
     wait_values(steps - 1);
