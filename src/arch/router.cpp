@@ -1,6 +1,7 @@
 #include "arch/router.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <numeric>
 
@@ -20,9 +21,14 @@ Router::Router(int num_experts, int top_k, bool renormalise)
 }
 
 void Router::route(const float* logits, int32_t* experts, float* gates) {
-  const float mx = *std::max_element(logits, logits + num_experts_);
+  // A logit of a diverged hidden state is taken as the nearest finite value, NaN as the lowest, so
+  // that the probabilities stay numbers: the sort's order stays strict and the picks are experts.
+  for (int e = 0; e < num_experts_; ++e) {
+    prob_[e] = std::fmin(std::fmax(logits[e], -FLT_MAX), FLT_MAX);
+  }
+  const float mx = *std::max_element(prob_.begin(), prob_.end());
   float sum = 0.0f;
-  for (int e = 0; e < num_experts_; ++e) sum += prob_[e] = std::exp(logits[e] - mx);
+  for (int e = 0; e < num_experts_; ++e) sum += prob_[e] = std::exp(prob_[e] - mx);
   for (int e = 0; e < num_experts_; ++e) prob_[e] /= sum;
   std::iota(order_.begin(), order_.end(), 0);
   std::partial_sort(order_.begin(), order_.begin() + top_k_, order_.end(), [&](int a, int b) {

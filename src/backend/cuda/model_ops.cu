@@ -176,7 +176,9 @@ __device__ RoutePick route_token(const float* l, int num_experts, int top_k, boo
 #pragma unroll
   for (int j = 0; j < kMaxExpertsPerLane; ++j) {
     const int e = lane + 32 * j;
-    p[j] = e < num_experts ? l[e] : -FLT_MAX;
+    // Non-finite logits as Router::route takes them: the nearest finite value, NaN the lowest (a
+    // NaN probability would leave a pick at no expert, an index past the experts' weights).
+    p[j] = e < num_experts ? fminf(fmaxf(l[e], -FLT_MAX), FLT_MAX) : -FLT_MAX;
     mx = fmaxf(mx, p[j]);
   }
   for (int offset = 16; offset > 0; offset /= 2)

@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "arch/router.h"
 #include "backend/cpu/ops.h"
 #include "backend/cuda/device_buffer.h"
 #include "core/error.h"
@@ -264,6 +265,52 @@ TEST(RouteExperts, LogitsTopKAndGatesMatchTheHost) {
 // rows of 1000 and of 5096 (past one pass of the CTA's threads) with a residual added first,
 // against the CPU's norm: the same float32 products of a double sum of squares, so equal to
 // rounding of that sum.
+// Logits of a diverged hidden state (NaN, infinities) pick what Router::route picks: experts, never
+// an index past them (which the expert products would read out of bounds).
+TEST(RouteTokens, NonFiniteLogitsPickTheHostsExperts) {
+  EKVA_SKIP_WITHOUT_GPU();
+  static constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
+  static constexpr float kInf = std::numeric_limits<float>::infinity();
+  constexpr int kExperts = 40, kTopK = 4;
+  const std::vector<std::vector<float>> tokens = {std::vector<float>(kExperts, kNan),
+                                                  [] {
+                                                    std::vector<float> l(kExperts, kNan);
+                                                    l[7] = 1.0f;
+                                                    l[33] = 3.0f;
+                                                    return l;
+                                                  }(),
+                                                  [] {
+                                                    std::vector<float> l(kExperts, 0.5f);
+                                                    l[2] = kInf;
+                                                    l[5] = -kInf;
+                                                    l[38] = kNan;
+                                                    return l;
+                                                  }()};
+  std::vector<float> logits;
+  for (const auto& l : tokens) logits.insert(logits.end(), l.begin(), l.end());
+  const int n = static_cast<int>(tokens.size());
+  DeviceBuffer<float> logits_d{std::span<const float>(logits)};
+  DeviceBuffer<int32_t> experts_d(static_cast<size_t>(n) * kTopK);
+  DeviceBuffer<float> gates_d(static_cast<size_t>(n) * kTopK);
+  for (const bool renormalise : {false, true}) {
+    route_tokens(logits_d.data(), n, kExperts, kTopK, renormalise, experts_d.data(), gates_d.data(),
+                 nullptr);
+    EKVA_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<int32_t> experts = experts_d.download();
+    const std::vector<float> gates = gates_d.download();
+    Router router(kExperts, kTopK, renormalise);
+    for (int t = 0; t < n; ++t) {
+      std::vector<int32_t> want_experts(kTopK);
+      std::vector<float> want_gates(kTopK);
+      router.route(tokens[t].data(), want_experts.data(), want_gates.data());
+      for (int i = 0; i < kTopK; ++i) {
+        EXPECT_EQ(experts[t * kTopK + i], want_experts[i]) << "token " << t << " pick " << i;
+        EXPECT_NEAR(gates[t * kTopK + i], want_gates[i], 1e-6) << "token " << t << " pick " << i;
+      }
+    }
+  }
+}
+
 TEST(RmsNorm, ShortRowsManyToACtaAndResidualRowsMatchTheCpu) {
   EKVA_SKIP_WITHOUT_GPU();
   std::mt19937 rng(31);
