@@ -44,7 +44,7 @@ if [ -n "${DUR-base $built}" ]; then
   for m in ${DUR_MODELS:-qwen3-30b-a3b}; do
     timeout "${DUR_S:-120}" env VARIANTS="${DUR-base $built}" $J durations "$m"
   done
-  python3 tools/variants/durations.py "${LAYERS:-20}" "$OUT" 2>&1 | tee "$OUT/durations.md"
+  python3 tools/variants/durations.py "$OUT" 2>&1 | tee "$OUT/durations.md"
 fi
 for m in ${MODELS:-qwen3-30b-a3b}; do
   [ -n "${TIME-base $built}" ] || break

@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """A table of what `tools/variants/job.sh durations MODEL` wrote to $OUT, for docs/BENCHMARKS.md.
 
-  tools/variants/durations.py LAYERS OUT_DIR
+  tools/variants/durations.py OUT_DIR
 
 For each model, each variant's microseconds per layer of every kernel name (template arguments
-dropped), summed over the profiled launches and divided by LAYERS (the job's LAYERS, default 20),
-with their total; base first. A file with no kernel rows is listed with its first error line.
+dropped), summed over the profiled launches and divided by the layers profiled: the launches of
+prefill_attention_kernel, one a layer of a prompt (a fixed count of launches a layer held other
+layer counts: OLMoE's layer launches more of the grouped products than Qwen3's), with their total;
+base first. A file with no kernel rows, or none of prefill attention, is listed with the reason; a
+variant's name is lower-case letters and digits.
 """
 import csv
 import glob
@@ -22,7 +25,7 @@ def kernel(name):
 
 
 def durations(path):
-    """{kernel: microseconds summed} of one Nsight Compute CSV, or an error line."""
+    """({kernel: microseconds per layer}, layers) of one Nsight Compute CSV, or (None, reason)."""
     with open(path, errors="replace") as f:
         rows = [line for line in f if line.startswith('"')]
     if not rows:
@@ -41,17 +44,21 @@ def durations(path):
     except ValueError:
         return None, "not a --csv metrics listing"
     scale = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}
-    sums = {}
+    sums, launches = {}, {}
     for row in table[1:]:
         k = kernel(row[name_at])
         sums[k] = sums.get(k, 0.0) + float(row[value_at].replace(",", "")) * scale.get(row[unit_at], 1.0)
-    return sums, None
+        launches[k] = launches.get(k, 0) + 1
+    layers = launches.get("prefill_attention_kernel", 0)
+    if layers == 0:
+        return None, "no prefill_attention_kernel launch to count the layers by"
+    return {k: v / layers for k, v in sums.items()}, layers
 
 
 def main():
-    if len(sys.argv) != 3 or not sys.argv[1].isdigit() or int(sys.argv[1]) <= 0:
-        sys.exit("usage: durations.py LAYERS OUT_DIR")
-    layers, out = int(sys.argv[1]), sys.argv[2]
+    if len(sys.argv) != 2:
+        sys.exit("usage: durations.py OUT_DIR")
+    out = sys.argv[1]
     paths = sorted(glob.glob(os.path.join(out, "durations-*-*.csv")))
     if not paths:
         sys.exit(f"durations.py: {out} holds no durations-*.csv")
@@ -62,16 +69,16 @@ def main():
             models.setdefault(m.group(1), {})[m.group(2)] = durations(path)
     for model, variants in sorted(models.items()):
         names = sorted({k for sums, _ in variants.values() if sums for k in sums})
-        print(f"\n{model}, us per layer ({layers} layers):\n")
-        print("| variant | " + " | ".join(names) + " | total |")
-        print("| --- |" + " ---: |" * (len(names) + 1))
+        print(f"\n{model}, us per layer:\n")
+        print("| variant | layers | " + " | ".join(names) + " | total |")
+        print("| --- |" + " ---: |" * (len(names) + 2))
         for variant in sorted(variants, key=lambda v: (v != "base", v)):
-            sums, error = variants[variant]
-            if sums is None:
-                print(f"| {variant} | {error} |")
+            per_layer, detail = variants[variant]
+            if per_layer is None:
+                print(f"| {variant} | {detail} |")
                 continue
-            cells = [f"{sums.get(k, 0.0) / layers:.1f}" for k in names]
-            print(f"| {variant} | " + " | ".join(cells) + f" | {sum(sums.values()) / layers:.1f} |")
+            cells = [f"{per_layer.get(k, 0.0):.1f}" for k in names]
+            print(f"| {variant} | {detail} | " + " | ".join(cells) + f" | {sum(per_layer.values()):.1f} |")
 
 
 if __name__ == "__main__":

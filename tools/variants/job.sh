@@ -15,9 +15,10 @@
 #                                        # the grouped products, the sort's two kernels, pairs' sum,
 #                                        # prefill attention and KV append: PER_LAYER 7 launches a
 #                                        # layer of Qwen3's or OLMoE's prompt) in LAYERS
-#                                        # layers (default 20) after the first 10: Nsight Compute's
+#                                        # layers (default 20) after the first 10 (fewer of a
+#                                        # model of fewer layers): Nsight Compute's
 #                                        # durations, about 10 s a variant (tools/variants/
-#                                        # durations.py LAYERS OUT makes the table)
+#                                        # durations.py OUT makes the table)
 #   tools/variants/job.sh ncu MODEL REGEX  # Nsight Compute's full set on a variant's (VARIANT,
 #                                        # default base) prompt kernels matching REGEX (the 41st
 #                                        # launch: a layer mid-model)
@@ -175,13 +176,19 @@ durations)
   m=${2:?durations needs a model directory of tests/fixtures/configs}
   k=${REGEX:-grouped_gemm|sort_|combine_kernel|prefill_attention|append_kv}
   per_layer=${PER_LAYER:-7}  # the default REGEX's launches in a layer
+  # LAYERS layers after the first 10, or as many as the model has after its first quarter (of
+  # OLMoE's 16 layers, 6 were left after 10).
+  total=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["num_hidden_layers"])' \
+    "$(config "$m")")
+  skip=$((total / 4 < 10 ? total / 4 : 10))
+  layers=$((total - skip < ${LAYERS:-20} ? total - skip : ${LAYERS:-20}))
   for v in $variants; do
     $R ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
-      --kernel-name "regex:$k" --launch-skip $((10 * per_layer)) \
-      --launch-count $((${LAYERS:-20} * per_layer)) "$(bin $v ekva)" bench $(model_args "$m") \
+      --kernel-name "regex:$k" --launch-skip $((skip * per_layer)) \
+      --launch-count $((layers * per_layer)) "$(bin $v ekva)" bench $(model_args "$m") \
       --context 16 --steps 1 --warmup 0 --prompt "$(prompt_tokens "$m")" \
       > "$OUT/durations-$m-$v.csv" 2> "$OUT/durations-$m-$v.err"
-    echo "durations $m $v: exit $?"
+    echo "durations $m $v ($layers layers after $skip): exit $?"
   done
   ;;
 ncu)
