@@ -230,7 +230,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // slot's key and value chunks. A thread's chunks are two apart, so that each copy instruction
     // reads whole 32-byte sectors of its slots' rows, and odd slots take their chunks in the other
     // order, so that a quarter-warp's slots write distinct banks. A thread's slots are 64 apart:
-    // its page and row step along with them, with no division per slot (one a copy made the
+    // its page and row step along with them, with no division per slot (a division a copy made the
     // producer the kernel's limit).
     registers_down<kProducerRegisters>();
     constexpr int kSlotThreads = 2;
@@ -332,7 +332,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int group_max = __reduce_max_sync(  // INT_MIN past the tile's tokens
       0xffffffffu,
       max(query_pos[consumer * kGroupRows + lane], query_pos[consumer * kGroupRows + lane + 32]));
-  // The warpgroup's Q rows and the K stages as descriptors' start addresses, in bytes.
+  // Descriptors of the warpgroup's Q rows and of the first stages of K and V, advanced by an add to
+  // a stage and a k-step.
   const uint64_t q_desc =
       wgmma_descriptor(shared_address(q_tile + consumer * kGroupRows * kBlockCols));
   const uint64_t k_desc = wgmma_descriptor(shared_address(k_tiles));
