@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""The figures-of-record tables of docs/BENCHMARKS.md from `tools/variants/job.sh record` runs.
+
+  tools/variants/record_table.py RUN_DIR [RUN_DIR ...]
+
+Each RUN_DIR holds one run's record-MODEL-VARIANT.json files (Mixtral-8x7B, Qwen3-30B-A3B and
+OLMoE-1B-7B; variant base). Prints the decode table (each run's step, their median, tokens/s, the
+Roofline prediction and its error against the median, the datasheet floor and its share of the
+median) and the prompt table (TFLOP/s and share of the H200's 790 at the median), then the
+Roofline model's median |error| over the decode rows and over all rows.
+"""
+import json
+import os
+import statistics
+import sys
+
+MODELS = (("mixtral-8x7b", "Mixtral-8x7B"), ("qwen3-30b-a3b", "Qwen3-30B-A3B"),
+          ("olmoe-1b-7b", "OLMoE-1B-7B"))
+DENSE_TFLOPS = 790.0  # the issue's bf16 rate of the H200
+
+
+def load(run, model):
+    path = os.path.join(run, f"record-{model}-base.json")
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        sys.exit(f"record_table.py: {path}: {e}")
+
+
+def main():
+    runs = sys.argv[1:]
+    if not runs:
+        sys.exit("usage: record_table.py RUN_DIR [RUN_DIR ...]")
+    records = {m: [load(run, m) for run in runs] for m, _ in MODELS}
+    decode_errors, prompt_errors = [], []
+    print("| model | batch | budget | ms / step (runs) | median | tokens/s | Roofline ms (error) "
+          "| floor ms | % of floor |")
+    print("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+    for model, name in MODELS:
+        first = records[model][0]["decode"]
+        for i, row in enumerate(first):
+            ms = [r["decode"][i]["step_ms"] for r in records[model]]
+            median = statistics.median(ms)
+            error = (row["predicted_ms"] - median) / median
+            decode_errors.append(abs(error))
+            floor = row["datasheet_floor_ms"]
+            print(f"| {name} | {row['batch']} | {row['budget']:g} | "
+                  f"{', '.join(f'{x:.3f}' for x in ms)} | {median:.2f} | "
+                  f"{row['batch'] * 1000 / median:.0f} | {row['predicted_ms']:.2f} "
+                  f"({100 * error:+.0f}%) | {floor:.2f} | {100 * floor / median:.0f}% |")
+    print()
+    print("| model | prompt | ms (runs) | median | TFLOP/s | of 790 | Roofline ms (error) |")
+    print("| --- | ---: | --- | ---: | ---: | ---: | ---: |")
+    for model, name in MODELS:
+        prefill = records[model][0]["prefill"]
+        ms = [r["prefill"]["ms"] for r in records[model]]
+        median = statistics.median(ms)
+        tflops = prefill["flops"] / median / 1e9
+        error = (prefill["predicted_ms"] - median) / median
+        prompt_errors.append(abs(error))
+        print(f"| {name} | {prefill['prompt']} | {', '.join(f'{x:.1f}' for x in ms)} | "
+              f"{median:.1f} | {tflops:.0f} | {100 * tflops / DENSE_TFLOPS:.0f}% | "
+              f"{prefill['predicted_ms']:.1f} ({100 * error:+.0f}%) |")
+    print()
+    print(f"Roofline median |error|: {100 * statistics.median(decode_errors):.1f}% over the "
+          f"{len(decode_errors)} decode rows, "
+          f"{100 * statistics.median(decode_errors + prompt_errors):.1f}% over all "
+          f"{len(decode_errors) + len(prompt_errors)}")
+
+
+if __name__ == "__main__":
+    main()
