@@ -45,9 +45,13 @@ def durations(path):
         return None, "not a --csv metrics listing"
     scale = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}
     sums, launches = {}, {}
-    for row in table[1:]:
-        k = kernel(row[name_at])
-        sums[k] = sums.get(k, 0.0) + float(row[value_at].replace(",", "")) * scale.get(row[unit_at], 1.0)
+    for line, row in enumerate(table[1:], start=2):
+        try:
+            k = kernel(row[name_at])
+            value = float(row[value_at].replace(",", "")) * scale.get(row[unit_at], 1.0)
+        except (IndexError, ValueError):
+            return None, f"kernel row {line} is not a kernel name and a duration"
+        sums[k] = sums.get(k, 0.0) + value
         launches[k] = launches.get(k, 0) + 1
     layers = launches.get("prefill_attention_kernel", 0)
     if layers == 0:

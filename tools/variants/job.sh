@@ -14,7 +14,8 @@
 #   tools/variants/job.sh durations MODEL  # each variant's prompt kernels matching REGEX (default:
 #                                        # the grouped products, the sort's two kernels, pairs' sum,
 #                                        # prefill attention and KV append: PER_LAYER 7 launches a
-#                                        # layer of Qwen3's or OLMoE's prompt) in LAYERS
+#                                        # layer of Qwen3's prompt; prefill attention always
+#                                        # added, as the layers' count) in LAYERS
 #                                        # layers (default 20) after the first 10 (fewer of a
 #                                        # model of fewer layers): Nsight Compute's
 #                                        # durations, about 10 s a variant (tools/variants/
@@ -176,6 +177,9 @@ durations)
   m=${2:?durations needs a model directory of tests/fixtures/configs}
   k=${REGEX:-grouped_gemm|sort_|combine_kernel|prefill_attention|append_kv}
   per_layer=${PER_LAYER:-7}  # the default REGEX's launches in a layer
+  # durations.py counts layers by prefill attention's launches (one a layer): a REGEX without it
+  # gets it added, and its PER_LAYER one more.
+  case $k in *prefill_attention*) ;; *) k="$k|prefill_attention"; per_layer=$((per_layer + 1)) ;; esac
   # LAYERS layers after the first 10, or as many as the model has after its first quarter (of
   # OLMoE's 16 layers, 6 were left after 10).
   total=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["num_hidden_layers"])' \

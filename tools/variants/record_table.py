@@ -19,13 +19,27 @@ MODELS = (("mixtral-8x7b", "Mixtral-8x7B"), ("qwen3-30b-a3b", "Qwen3-30B-A3B"),
 DENSE_TFLOPS = 790.0  # the issue's bf16 rate of the H200
 
 
+DECODE_FIELDS = ("batch", "budget", "step_ms", "predicted_ms", "datasheet_floor_ms")
+PREFILL_FIELDS = ("prompt", "ms", "flops", "predicted_ms")
+
+
 def load(run, model):
+    """One run's `ekva bench --json` record of a model, its fields checked; exits naming the file."""
     path = os.path.join(run, f"record-{model}-base.json")
     try:
         with open(path) as f:
-            return json.load(f)
+            record = json.load(f)
     except (OSError, ValueError) as e:
         sys.exit(f"record_table.py: {path}: {e}")
+    decode = record.get("decode") if isinstance(record, dict) else None
+    prefill = record.get("prefill") if isinstance(record, dict) else None
+    if (not isinstance(decode, list) or not decode or not isinstance(prefill, dict)
+            or any(not isinstance(row, dict) or any(k not in row for k in DECODE_FIELDS)
+                   for row in decode)
+            or any(k not in prefill for k in PREFILL_FIELDS)):
+        sys.exit(f"record_table.py: {path}: not an `ekva bench --json` record with decode rows "
+                 f"({', '.join(DECODE_FIELDS)}) and a prefill ({', '.join(PREFILL_FIELDS)})")
+    return record
 
 
 def main():
@@ -33,6 +47,11 @@ def main():
     if not runs:
         sys.exit("usage: record_table.py RUN_DIR [RUN_DIR ...]")
     records = {m: [load(run, m) for run in runs] for m, _ in MODELS}
+    for model, _ in MODELS:
+        shapes = {len(r["decode"]) for r in records[model]}
+        if len(shapes) != 1:
+            sys.exit(f"record_table.py: the runs hold different numbers of {model}'s decode rows "
+                     f"({sorted(shapes)})")
     decode_errors, prompt_errors = [], []
     print("| model | batch | budget | ms / step (runs) | median | tokens/s | Roofline ms (error) "
           "| floor ms | % of floor |")
