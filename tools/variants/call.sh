@@ -14,7 +14,7 @@
 #   ATT      B:L pairs at which decode attention alone is timed (job.sh attention) for the
 #            variants ATT_VARIANTS (default base and the variants built; default: none)
 #   NCU      VARIANT:MODEL:REGEX triples whose prompt kernels Nsight Compute profiles (job.sh
-#            ncu; default: none)
+#            ncu, NCU_COUNT launches each, default 1; default: none)
 #   NCU_STEP MODEL:REGEX pairs whose decode-step kernels Nsight Compute profiles (job.sh ncu-step;
 #            default: none)
 #   NCU_ATT  B:L pairs whose decode attention Nsight Compute profiles (job.sh ncu-attention;

@@ -199,8 +199,9 @@ ncu)
   m=${2:?ncu needs a model directory of tests/fixtures/configs}
   k=${3:?ncu needs a kernel name regex}
   v=${VARIANT:-base}
-  $R ncu --set full --clock-control none --kernel-name "regex:$k" --launch-skip 40 --launch-count 1 \
-    -o "$OUT/ncu-$v-$m-$k" "$(bin "$v" ekva)" bench $(model_args "$m") --context 16 --steps 1 \
+  # NCU_COUNT launches from the 41st that matches (2: a layer's two grouped products).
+  $R ncu --set full --clock-control none --kernel-name "regex:$k" --launch-skip 40 \
+    --launch-count "${NCU_COUNT:-1}" -o "$OUT/ncu-$v-$m-$k" "$(bin "$v" ekva)" bench $(model_args "$m") --context 16 --steps 1 \
     --warmup 0 --prompt "$(prompt_tokens "$m")" > "$OUT/ncu-$v-$m-$k.log" 2>&1
   export_ncu "ncu-$v-$m-$k"
   ;;

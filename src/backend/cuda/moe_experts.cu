@@ -208,45 +208,62 @@ __device__ __forceinline__ float* output_address(const GroupedGemm& g, int first
 
 constexpr int kCols = 64;  // input columns per pipeline stage
 
-// A step's shape of the grouped product for at most Tokens pairs per group: the warps' layout, the
-// weight tile and the input tile of a stage, and the stages. A GEMV-like product is bound by the
-// bytes in flight, so few tokens take deep pipelines (six stages, two CTAs per multiprocessor);
-// 64 tokens take three, so that three CTAs fit on a multiprocessor: as many bytes in flight as four
-// stages of two CTAs, and half as many warps again to keep the tensor cores fed on a prompt. Each
-// warp holds the sums of 16 weight rows and every token. Up to 64 tokens the warps multiply with
-// mma.sync from fragments they load; 128 tokens (a prompt's groups) take Hopper's warpgroup MMA,
-// each warpgroup multiplying 64 weight rows with the 128 tokens straight from shared memory
-// (mma.sync needed as many fragment loads and instructions as the tensor cores had work). Wide
-// groups take 256 weight rows per CTA in four warpgroups, so that a stage's input tile serves
-// twice the rows (L2 was 71% busy at 128 rows per CTA), and keep one warpgroup MMA in flight
-// across a step's barrier, so their copies run kWideStages - 2 steps ahead (the stage the MMA in
-// flight reads is not copied into); their four stages take a multiprocessor's shared memory.
-constexpr int kWideStages = 4;
+// A step's shape of the grouped product for at most Tokens (16 or kMaxGroupedTokens) pairs per
+// group: the warps' layout, the weight tile and the input tile of a stage, and the stages. A
+// GEMV-like product is bound by the bytes in flight, so few tokens take deep pipelines (six stages,
+// two CTAs per multiprocessor); 64 tokens take three, so that three CTAs fit on a multiprocessor:
+// as many bytes in flight as four stages of two CTAs, and half as many warps again to keep the
+// tensor cores fed. Each warp holds the sums of 16 weight rows and every token, multiplied with
+// mma.sync from fragments it loads.
 template <int Tokens>
 struct GroupedGemmShape {
-  static constexpr bool kWide = Tokens > kMaxGroupedTokens;  // groups of kWideGroupTokens
-  static constexpr int kWarps = kWide ? 16 : 8;
+  static constexpr int kWarps = 8;
   static constexpr int kRows = 16 * kWarps;  // weight rows per CTA
   static constexpr int kWarpRows = kRows / kWarps;
-  static constexpr int kWarpTokens = Tokens;
   static constexpr int kStageElements = (kRows + Tokens) * kCols;
-  static constexpr int kStages = Tokens <= 16 ? 6 : kWide ? kWideStages : 3;
+  static constexpr int kStages = Tokens <= 16 ? 6 : 3;
   static constexpr int kSharedBytes = kStages * kStageElements * static_cast<int>(sizeof(uint16_t));
 };
 
+// Wide groups (kWideGroupTokens pairs: prompts, large decode batches) take Hopper's warpgroup MMA
+// (mma.sync needed as many fragment loads and instructions as the tensor cores had work): each of
+// kWideConsumers warpgroups multiplies 64 weight rows with the 128 tokens straight from shared
+// memory, 256 rows per CTA so that a stage's input tile serves them all (L2 was 71% busy at 128
+// rows per CTA). A producer warpgroup copies the stages and meets the consumers at mbarriers (a
+// stage full, a stage empty) instead of a CTA barrier every step: every stage is in flight while
+// the consumers multiply, and no warpgroup waits for the slowest one's products.
+constexpr int kWideRows = 256;
+constexpr int kWideConsumers = kWideRows / 64;
+constexpr int kWideThreads = 128 * (1 + kWideConsumers);
+constexpr int kWideStages = 4;
+constexpr int kWideStageElements = (kWideRows + kWideGroupTokens) * kCols;
+constexpr int kWideSharedBytes =
+    kWideStages * kWideStageElements * static_cast<int>(sizeof(uint16_t));
+constexpr int kChunks = kCols / 8;  // 16-byte chunks of a tile row
+
 // Element offset of 16-byte chunk `chunk` of row `row` in a [rows][kCols] bf16 tile, XOR-swizzled
-// so that the eight row addresses of an ldmatrix fall in distinct banks.
+// so that the eight row addresses of an ldmatrix fall in distinct banks (the warpgroup MMA's
+// 128-byte swizzle).
 __device__ __forceinline__ int swizzled(int row, int chunk) {
   return row * kCols + ((chunk ^ (row % 8)) * 8);
 }
 
-// grid: (row tiles, groups at most, column splits); wide groups: (groups at most, row tiles,
-// column splits). The CTA multiplies kRows rows of its expert's weights with every input row of
-// that expert's pairs (at most Tokens) on the tensor cores, weights as the M side (the "swap AB" of
-// a skinny product), so each weight byte is read once whatever the number of tokens; copies run
-// kStages - 1 column steps ahead. With a SwiGLU output (wide groups only, one column split) a CTA
-// takes kRows / 2 gate rows and the up rows of the same outputs: the up warps hand their sums to
-// the gate warps through shared memory, so no float32 gate-and-up rows are written.
+// Stores sum v of output row r and the group's input row t into g.out, adding it where the
+// product's columns are split over CTAs.
+__device__ __forceinline__ void store_sum(const GroupedGemm& g, int first, int count, int t, int r,
+                                          float v, bool split) {
+  float* out = output_address(g, first, count, t, r);
+  if (split) {
+    atomicAdd(out, v);
+  } else {
+    *out = v;
+  }
+}
+
+// grid: (row tiles, groups at most, column splits). The CTA multiplies kRows rows of its expert's
+// weights with every input row of that expert's pairs (at most Tokens) on the tensor cores, weights
+// as the M side (the "swap AB" of a skinny product), so each weight byte is read once whatever the
+// number of tokens; copies run kStages - 1 column steps ahead.
 template <int Tokens>
 __global__ void __launch_bounds__(GroupedGemmShape<Tokens>::kWarps * 32, 1)
     grouped_gemm_kernel(const GroupedGemm g, const MoePairs p, int split_cols) {
@@ -256,30 +273,19 @@ __global__ void __launch_bounds__(GroupedGemmShape<Tokens>::kWarps * 32, 1)
   constexpr int kRows = Shape::kRows;
   constexpr int kStages = Shape::kStages;
   constexpr int kMTiles = Shape::kWarpRows / 16;
-  constexpr int kNPairs = Shape::kWarpTokens / 16;  // 16-token halves of the warp's ldmatrix
+  constexpr int kNPairs = Tokens / 16;  // 16-token halves of the warp's ldmatrix
   const bool dense = g.dense != nullptr;
-  // Wide groups run an expert's groups side by side (groups along x), so that each weight tile
-  // is read from DRAM once for all of them however many groups the expert has.
-  const int group = Shape::kWide ? blockIdx.x : blockIdx.y;
-  const int row_tile = Shape::kWide ? blockIdx.y : blockIdx.x;
+  const int group = blockIdx.y, row_tile = blockIdx.x;
   if (!dense && group >= *p.num_groups) return;
   const int first = dense ? 0 : p.group_first[group];
   const int count = dense ? g.dense_rows : p.group_first[group + 1] - first;
   const int col_begin = blockIdx.z * split_cols;
   const int col_end = min(g.in_cols, col_begin + split_cols);
   if (col_begin >= col_end) return;
-  extern __shared__ __align__(1024) uint4 shared_raw[];  // the 128-byte swizzle's atoms
+  extern __shared__ __align__(1024) uint4 shared_raw[];
   uint16_t* tiles = reinterpret_cast<uint16_t*>(shared_raw);
   const uint16_t* w = dense ? g.dense : g.weights[p.group_expert[group]];
-  const bool swiglu = Shape::kWide && g.swiglu_out != nullptr;
-  const int half_rows = g.out_rows / 2;
-  const int row0 = row_tile * (swiglu ? kRows / 2 : kRows);
-  // The weight row of tile row r, or -1 past the end.
-  const auto weight_row = [&](int r) {
-    if (!swiglu) return row0 + r < g.out_rows ? row0 + r : -1;
-    const int out = row0 + r % (kRows / 2);
-    return out < half_rows ? out + (r < kRows / 2 ? 0 : half_rows) : -1;
-  };
+  const int row0 = row_tile * kRows;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int warp_row0 = warp * Shape::kWarpRows;
   const int input_rows = (count + 15) / 16 * 16;  // what the mma reads: the rest is zeroed
@@ -287,7 +293,6 @@ __global__ void __launch_bounds__(GroupedGemmShape<Tokens>::kWarps * 32, 1)
   // Each thread copies the same 16-byte chunk of rows kCopyRows apart at every stage: their element
   // offsets are found once, so that a stage's copies cost a few instructions each (address
   // arithmetic per copy held the issue slots busy).
-  constexpr int kChunks = kCols / 8;
   constexpr int kCopyRows = kWarps * 32 / kChunks;
   constexpr int kWeightCopies = kRows / kCopyRows;
   constexpr int kInputCopies = (Tokens + kCopyRows - 1) / kCopyRows;
@@ -296,9 +301,9 @@ __global__ void __launch_bounds__(GroupedGemmShape<Tokens>::kWarps * 32, 1)
   uint32_t has_row = 0;  // bit j: weight copy j has a row; bit kWeightCopies + j: input copy j
 #pragma unroll
   for (int j = 0; j < kWeightCopies; ++j) {
-    const int wr = weight_row(copy_row + j * kCopyRows);
-    weight_at[j] = wr >= 0 ? static_cast<uint32_t>(wr) * g.in_cols : 0;
-    if (wr >= 0) has_row |= 1u << j;
+    const int wr = row0 + copy_row + j * kCopyRows;
+    weight_at[j] = wr < g.out_rows ? static_cast<uint32_t>(wr) * g.in_cols : 0;
+    if (wr < g.out_rows) has_row |= 1u << j;
   }
 #pragma unroll
   for (int j = 0; j < kInputCopies; ++j) {
@@ -322,38 +327,198 @@ __global__ void __launch_bounds__(GroupedGemmShape<Tokens>::kWarps * 32, 1)
     }
 #pragma unroll
     for (int j = 0; j < kInputCopies; ++j) {
-      // Rows from count to input_rows are zeroed; those after them are not read by mma.sync, but
-      // the warpgroup MMA reads every row, and zeroed rows keep them finite.
-      if (!Shape::kWide && copy_row + j * kCopyRows >= input_rows) break;
+      // Rows from count to input_rows are zeroed; those after them are not read.
+      if (copy_row + j * kCopyRows >= input_rows) break;
       const bool valid = in_columns && (has_row >> (kWeightCopies + j) & 1u);
       cp_async_16(shared_address(x_tile + shared_at + j * kCopyRows * kCols),
                   g.input + (valid ? input_at[j] + col : 0), valid);
     }
   };
 
-  float acc[kMTiles][Shape::kWarpTokens / 8][4] = {};
+  float acc[kMTiles][Tokens / 8][4] = {};
   const int steps = (col_end - col_begin + kCols - 1) / kCols;
-  if constexpr (Shape::kWide) {
-    static_assert(
-        Tokens == 128 && kRows == 16 * kWarps && kWarps % 4 == 0 && kCols == 64 && kStages >= 3,
-        "warpgroups of m64n128 over a stage of 64 columns");
-    constexpr int kAhead = kStages - 2;
 #pragma unroll
-    for (int s = 0; s < kAhead; ++s) {
-      if (s < steps) load(s, col_begin + s * kCols);
-      cp_async_commit();
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < steps) load(s, col_begin + s * kCols);
+    cp_async_commit();
+  }
+  for (int step = 0; step < steps; ++step) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();
+    const int ahead = step + kStages - 1;
+    if (ahead < steps) load(ahead % kStages, col_begin + ahead * kCols);
+    cp_async_commit();
+    const uint16_t* w_tile = tiles + (step % kStages) * Shape::kStageElements;
+    const uint16_t* x_tile = w_tile + kRows * kCols;
+#pragma unroll
+    for (int ks = 0; ks < kCols / 16; ++ks) {
+      uint32_t a[kMTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        ldmatrix_x4(a[mt], shared_address(w_tile + swizzled(warp_row0 + mt * 16 + lane % 16,
+                                                            ks * 2 + lane / 16)));
+      }
+#pragma unroll
+      for (int np = 0; np < kNPairs; ++np) {
+        const int token = np * 16;
+        if (token >= input_rows) break;
+        uint32_t b[4];
+        ldmatrix_x4(b, shared_address(x_tile + swizzled(token + lane % 8 + (lane / 16) * 8,
+                                                        ks * 2 + (lane / 8) % 2)));
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          mma_bf16_16816(acc[mt][2 * np], a[mt], b[0], b[1]);
+          mma_bf16_16816(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
+        }
+      }
     }
-    float(&d)[64] = reinterpret_cast<float(&)[64]>(acc);
-    for (int step = 0; step < steps; ++step) {
-      // Group `step` of the copies is this step's; kAhead - 1 later ones may still be in flight.
-      cp_async_wait<kAhead - 1>();
+  }
+  cp_async_wait_all();
+
+  const bool split = gridDim.z > 1;
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int nt = 0; nt < Tokens / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = row0 + warp_row0 + mt * 16 + lane / 4 + (e / 2) * 8;
+        const int t = nt * 8 + (lane % 4) * 2 + e % 2;
+        if (r < g.out_rows && t < count) store_sum(g, first, count, t, r, acc[mt][nt][e], split);
+      }
+    }
+  }
+}
+
+// Persistent: CTA b takes tiles b, b + gridDim.x, ... of (group, row tile, column split), groups
+// fastest, so that an expert's groups run side by side and each weight tile is read from DRAM once
+// for all of them however many groups the expert has. The producer runs on into the next tile's
+// stages while the consumers store the last one's sums, so no tile waits for its first copies.
+// A SwiGLU tile takes kWideRows / 2 outputs: each warp's 16 tile rows are 8 gate rows and the up
+// rows of the same outputs, so a thread holds both sums of an output (rows lane / 4 and lane / 4 +
+// 8 of the MMA's fragment) and no float32 gate-and-up rows are written.
+__global__ void __launch_bounds__(kWideThreads, 1)
+    grouped_gemm_wide_kernel(const GroupedGemm g, const MoePairs p, int row_tiles, int splits,
+                             int split_cols) {
+  follow_prior_grid();
+  extern __shared__ __align__(1024) uint4 shared_raw[];  // the 128-byte swizzle's atoms
+  uint16_t* tiles = reinterpret_cast<uint16_t*>(shared_raw);
+  __shared__ uint64_t full[kWideStages], empty[kWideStages];
+  const bool dense = g.dense != nullptr;
+  const int groups = dense ? 1 : *p.num_groups;
+  const int num_tiles = groups * row_tiles * splits;
+  const bool swiglu = g.swiglu_out != nullptr;
+  const int half_rows = g.out_rows / 2;
+  // Tile rows per output row: 2 with a SwiGLU (its gate and up rows).
+  const int tile_outputs = swiglu ? kWideRows / 2 : kWideRows;
+  struct Tile {
+    int first, count, row0, col_begin, col_end, steps;
+  };
+  const auto tile_at = [&](int tile) {
+    Tile t;
+    const int group = tile % groups, rest = tile / groups;
+    t.first = dense ? 0 : p.group_first[group];
+    t.count = dense ? g.dense_rows : p.group_first[group + 1] - t.first;
+    t.row0 = rest % row_tiles * tile_outputs;
+    t.col_begin = rest / row_tiles * split_cols;
+    t.col_end = min(g.in_cols, t.col_begin + split_cols);
+    t.steps = (max(t.col_end - t.col_begin, 0) + kCols - 1) / kCols;
+    return t;
+  };
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kWideStages; ++s) {
+      mbarrier_init(shared_address(&full[s]), 128);  // the producer's threads
+      mbarrier_init(shared_address(&empty[s]), 128 * kWideConsumers);
+    }
+    // The initialised barriers seen by the copies' asynchronous arrivals too.
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (threadIdx.x < 128) {
+    // The producer: each thread copies the same 16-byte chunk of tile rows copy_row + kCopyRows j
+    // at every stage. Those rows' weight rows are evenly spaced (every 8 rows of the gate or the
+    // up half with a SwiGLU, every kCopyRows rows else); the input rows' offsets are found once a
+    // tile.
+    constexpr int kCopyRows = 128 / kChunks;
+    constexpr int kWeightCopies = kWideRows / kCopyRows;
+    constexpr int kInputCopies = kWideGroupTokens / kCopyRows;
+    static_assert(kCopyRows == 16, "a thread's tile rows are the same row of each warp's 16");
+    const int chunk = threadIdx.x % kChunks, copy_row = threadIdx.x / kChunks;
+    const int shared_at = swizzled(copy_row, chunk);  // plus kCopyRows rows per copy
+    const int out_step = swiglu ? 8 : kCopyRows;      // output rows between a thread's copies
+    const int out_offset = swiglu ? copy_row % 8 : copy_row;
+    const int half_offset = swiglu && copy_row >= 8 ? half_rows : 0;
+    const int out_limit = swiglu ? half_rows : g.out_rows;
+    int it = 0;  // stages filled so far, over all of the CTA's tiles
+    for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+      const Tile t = tile_at(tile);
+      const uint16_t* w = dense ? g.dense : g.weights[p.group_expert[tile % groups]];
+      uint32_t input_at[kInputCopies];
+      uint32_t has_row = 0;  // bit j: weight copy j has a row; bit kWeightCopies + j: input copy j
+#pragma unroll
+      for (int j = 0; j < kWeightCopies; ++j) {
+        if (t.row0 + out_offset + j * out_step < out_limit) has_row |= 1u << j;
+      }
+#pragma unroll
+      for (int j = 0; j < kInputCopies; ++j) {
+        const int r = copy_row + j * kCopyRows;
+        const int input_row = r >= t.count       ? 0
+                              : g.input_is_token ? p.token[t.first + r]
+                                                 : t.first + r;
+        input_at[j] = static_cast<uint32_t>(input_row) * g.in_cols;
+        if (r < t.count) has_row |= 1u << (kWeightCopies + j);
+      }
+      const uint32_t weight_at =
+          static_cast<uint32_t>(t.row0 + out_offset + half_offset) * g.in_cols;
+      const uint32_t weight_step = static_cast<uint32_t>(out_step) * g.in_cols;
+      for (int step = 0; step < t.steps; ++step, ++it) {
+        const int stage = it % kWideStages;
+        if (it >= kWideStages) {
+          mbarrier_wait(shared_address(&empty[stage]), (it / kWideStages - 1) & 1);
+        }
+        uint16_t* w_tile = tiles + stage * kWideStageElements;
+        uint16_t* x_tile = w_tile + kWideRows * kCols;
+        const int col = t.col_begin + step * kCols + chunk * 8;
+        const bool in_columns = col < t.col_end;
+#pragma unroll
+        for (int j = 0; j < kWeightCopies; ++j) {
+          const bool valid = in_columns && (has_row >> j & 1u);
+          cp_async_16(shared_address(w_tile + shared_at + j * kCopyRows * kCols),
+                      w + (valid ? weight_at + j * weight_step + col : 0), valid);
+        }
+#pragma unroll
+        for (int j = 0; j < kInputCopies; ++j) {
+          // Rows past count are zeroed: the warpgroup MMA reads every row, and zeroed rows keep
+          // its sums finite.
+          const bool valid = in_columns && (has_row >> (kWeightCopies + j) & 1u);
+          cp_async_16(shared_address(x_tile + shared_at + j * kCopyRows * kCols),
+                      g.input + (valid ? input_at[j] + col : 0), valid);
+        }
+        mbarrier_arrive_after_copies(shared_address(&full[stage]));
+      }
+    }
+    cp_async_wait_all();
+    return;
+  }
+
+  // The consumers: warpgroup c multiplies tile rows [64 c, 64 c + 64).
+  const int consumer_warp = threadIdx.x / 32 - 4, lane = threadIdx.x % 32;
+  const int consumer = consumer_warp / 4;
+  const bool split = splits > 1;
+  int it = 0;  // stages taken so far, over all of the CTA's tiles
+  for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+    const Tile t = tile_at(tile);
+    if (t.steps == 0) continue;
+    float d[64] = {};
+    for (int step = 0; step < t.steps; ++step, ++it) {
+      const int stage = it % kWideStages;
+      mbarrier_wait(shared_address(&full[stage]), (it / kWideStages) & 1);
+      // The copies' generic-proxy writes seen by the MMA's asynchronous-proxy reads.
       fence_proxy_async_shared();
-      // After the barrier every warpgroup has waited for its products of two steps ago, so the
-      // stage they read is copied into below; last step's products may still be running.
-      __syncthreads();
-      const uint16_t* w_tile = tiles + (step % kStages) * Shape::kStageElements;
-      const uint32_t w_at = shared_address(w_tile + (warp / 4) * 64 * kCols);
-      const uint32_t x_at = shared_address(w_tile + kRows * kCols);
+      const uint16_t* w_tile = tiles + stage * kWideStageElements;
+      const uint32_t w_at = shared_address(w_tile + consumer * 64 * kCols);
+      const uint32_t x_at = shared_address(w_tile + kWideRows * kCols);
       wgmma_fence_operands(d);
       wgmma_fence();
 #pragma unroll
@@ -363,115 +528,42 @@ __global__ void __launch_bounds__(GroupedGemmShape<Tokens>::kWarps * 32, 1)
       }
       wgmma_commit();
       wgmma_fence_operands(d);
-      const int ahead = step + kAhead;
-      if (ahead < steps) load(ahead % kStages, col_begin + ahead * kCols);
-      cp_async_commit();
+      // Last step's products are done: their stage is free for the producer.
       wgmma_wait<1>();
       wgmma_fence_operands(d);
+      if (step > 0) mbarrier_arrive(shared_address(&empty[(it - 1) % kWideStages]));
     }
     wgmma_wait<0>();
     wgmma_fence_operands(d);
-  } else {
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-      if (s < steps) load(s, col_begin + s * kCols);
-      cp_async_commit();
-    }
-    for (int step = 0; step < steps; ++step) {
-      cp_async_wait<kStages - 2>();
-      __syncthreads();
-      const int ahead = step + kStages - 1;
-      if (ahead < steps) load(ahead % kStages, col_begin + ahead * kCols);
-      cp_async_commit();
-      const uint16_t* w_tile = tiles + (step % kStages) * Shape::kStageElements;
-      const uint16_t* x_tile = w_tile + kRows * kCols;
-#pragma unroll
-      for (int ks = 0; ks < kCols / 16; ++ks) {
-        uint32_t a[kMTiles][4];
-#pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) {
-          ldmatrix_x4(a[mt], shared_address(w_tile + swizzled(warp_row0 + mt * 16 + lane % 16,
-                                                              ks * 2 + lane / 16)));
-        }
-#pragma unroll
-        for (int np = 0; np < kNPairs; ++np) {
-          const int token = np * 16;
-          if (token >= input_rows) break;
-          uint32_t b[4];
-          ldmatrix_x4(b, shared_address(x_tile + swizzled(token + lane % 8 + (lane / 16) * 8,
-                                                          ks * 2 + (lane / 8) % 2)));
-#pragma unroll
-          for (int mt = 0; mt < kMTiles; ++mt) {
-            mma_bf16_16816(acc[mt][2 * np], a[mt], b[0], b[1]);
-            mma_bf16_16816(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
-          }
-        }
-      }
-    }
-  }
-  cp_async_wait_all();
+    mbarrier_arrive(shared_address(&empty[(it - 1) % kWideStages]));
 
-  // Calls f(mt, nt, e, r, t) for each of the warp's sums whose output row r (of `rows`) and token
-  // t (of the group's) exist: the three epilogues differ only in what they write.
-  const auto for_each_sum = [&](int rows, auto&& f) {
+    // Sum d[i] is of tile row 16 consumer_warp + lane / 4 + 8 (i % 4 / 2) and token i / 4 * 8 +
+    // (lane % 4) * 2 + i % 2.
+    if (swiglu) {
 #pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-      for (int nt = 0; nt < Shape::kWarpTokens / 8; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = row0 + warp_row0 + mt * 16 + lane / 4 + (e / 2) * 8;
-          const int t = nt * 8 + (lane % 4) * 2 + e % 2;
-          if (r < rows && t < count) f(mt, nt, e, r, t);
+      for (int i = 0; i < 64; ++i) {
+        if (i % 4 >= 2) continue;  // the up sum of d[i - 2]'s output
+        const int r = t.row0 + consumer_warp * 8 + lane / 4;
+        const int token = i / 4 * 8 + (lane % 4) * 2 + i % 2;
+        if (r < half_rows && token < t.count) {
+          g.swiglu_out[static_cast<int64_t>(t.first + token) * half_rows + r] =
+              swiglu_bf16(d[i], d[i + 2]);
         }
       }
+      continue;
     }
-  };
-  if constexpr (Shape::kWide) {
-    if (swiglu) {
-      // The warps of the first kRows / 2 tile rows hold gate sums, those after them the up sums
-      // of the same outputs and tokens (warp w + kWarps / 2 those of warp w's).
-      constexpr int kStride = Tokens + 4;
-      float* up = reinterpret_cast<float*>(shared_raw);
-      static_assert((kRows / 2) * kStride * 4 <= Shape::kSharedBytes);
-      const bool gate_warp = warp_row0 < kRows / 2;
-      const auto local = [&](int mt, int nt, int e) {
-        return (warp_row0 % (kRows / 2) + mt * 16 + lane / 4 + (e / 2) * 8) * kStride + nt * 8 +
-               (lane % 4) * 2 + e % 2;
-      };
-      __syncthreads();  // every warp is done with the pipeline's tiles
-      if (!gate_warp) {
 #pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-          for (int nt = 0; nt < Shape::kWarpTokens / 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) up[local(mt, nt, e)] = acc[mt][nt][e];
+    for (int i = 0; i < 64; ++i) {
+      const int r = t.row0 + consumer_warp * 16 + lane / 4 + (i % 4 / 2) * 8;
+      const int token = i / 4 * 8 + (lane % 4) * 2 + i % 2;
+      if (r >= g.out_rows || token >= t.count) continue;
+      if (g.out_bf16 != nullptr) {
+        g.out_bf16[static_cast<int64_t>(t.first + token) * g.out_rows + r] = to_bf16_bits(d[i]);
+      } else {
+        store_sum(g, t.first, t.count, token, r, d[i], split);
       }
-      __syncthreads();
-      if (!gate_warp) return;
-      for_each_sum(half_rows, [&](int mt, int nt, int e, int r, int t) {
-        g.swiglu_out[static_cast<int64_t>(first + t) * half_rows + r] =
-            swiglu_bf16(acc[mt][nt][e], up[local(mt, nt, e)]);
-      });
-      return;
-    }
-    if (g.out_bf16 != nullptr) {
-      for_each_sum(g.out_rows, [&](int mt, int nt, int e, int r, int t) {
-        g.out_bf16[static_cast<int64_t>(first + t) * g.out_rows + r] = to_bf16_bits(acc[mt][nt][e]);
-      });
-      return;
     }
   }
-  const bool split = gridDim.z > 1;
-  for_each_sum(g.out_rows, [&](int mt, int nt, int e, int r, int t) {
-    float* out = output_address(g, first, count, t, r);
-    if (split) {
-      atomicAdd(out, acc[mt][nt][e]);
-    } else {
-      *out = acc[mt][nt][e];
-    }
-  });
 }
 
 // A product whose groups have one input row each (batch-1 decode) is a GEMV, bound by the weight
@@ -817,8 +909,8 @@ void launch_grouped_gemm(const GroupedGemm& g, const MoePairs& pairs, int max_ro
   }
   // A SwiGLU tile takes half as many outputs (their gate and up rows); neither it nor a bf16
   // output is ever split.
-  const int tile_rows = max_rows > kMaxGroupedTokens ? GroupedGemmShape<kWideGroupTokens>::kRows
-                                                     : GroupedGemmShape<kMaxGroupedTokens>::kRows;
+  const bool wide = max_rows > kMaxGroupedTokens;
+  const int tile_rows = wide ? kWideRows : GroupedGemmShape<kMaxGroupedTokens>::kRows;
   const int row_tiles = swiglu ? (g.out_rows / 2 + tile_rows / 2 - 1) / (tile_rows / 2)
                                : (g.out_rows + tile_rows - 1) / tile_rows;
   const int steps = (g.in_cols + kCols - 1) / kCols;
@@ -830,31 +922,39 @@ void launch_grouped_gemm(const GroupedGemm& g, const MoePairs& pairs, int max_ro
         g.out, 0, static_cast<size_t>(out_count) * g.out_rows * sizeof(float), stream));
   }
   const int column_splits = (g.in_cols + split_cols - 1) / split_cols;
-  const dim3 grid = max_rows > kMaxGroupedTokens ? dim3(groups, row_tiles, column_splits)
-                                                 : dim3(row_tiles, groups, column_splits);
+  // Several CTAs share a multiprocessor only with its largest shared-memory carveout.
+  const auto opt_in = [](auto kernel, int bytes) {
+    EKVA_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    EKVA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                         cudaSharedmemCarveoutMaxShared));
+    return true;
+  };
+  if (wide) {
+    static const bool opted_in = opt_in(grouped_gemm_wide_kernel, kWideSharedBytes);
+    (void)opted_in;
+    // One CTA per multiprocessor, or per tile where the step has fewer (the groups are known on
+    // the device alone: `groups` is their most).
+    const int64_t tiles = static_cast<int64_t>(groups) * row_tiles * column_splits;
+    const int ctas = static_cast<int>(std::min<int64_t>(multiprocessors(), tiles));
+    launch_overlapping(grouped_gemm_wide_kernel, dim3(ctas), dim3(kWideThreads), kWideSharedBytes,
+                       stream, g, pairs, row_tiles, column_splits, split_cols);
+    EKVA_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   const auto launch = [&](auto tokens) {
     constexpr int kTokens = decltype(tokens)::value;
     constexpr int bytes = GroupedGemmShape<kTokens>::kSharedBytes;
-    static const bool opted_in = [] {
-      EKVA_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_kernel<kTokens>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-      // Several CTAs share a multiprocessor only with its largest shared-memory carveout.
-      EKVA_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_kernel<kTokens>,
-                                           cudaFuncAttributePreferredSharedMemoryCarveout,
-                                           cudaSharedmemCarveoutMaxShared));
-      return true;
-    }();
+    static const bool opted_in = opt_in(grouped_gemm_kernel<kTokens>, bytes);
     (void)opted_in;
-    launch_overlapping(grouped_gemm_kernel<kTokens>, dim3(grid),
+    launch_overlapping(grouped_gemm_kernel<kTokens>, dim3(row_tiles, groups, column_splits),
                        dim3(GroupedGemmShape<kTokens>::kWarps * 32), bytes, stream, g, pairs,
                        split_cols);
   };
   if (max_rows <= 16) {
     launch(std::integral_constant<int, 16>{});
-  } else if (max_rows <= kMaxGroupedTokens) {
-    launch(std::integral_constant<int, kMaxGroupedTokens>{});
   } else {
-    launch(std::integral_constant<int, kWideGroupTokens>{});
+    launch(std::integral_constant<int, kMaxGroupedTokens>{});
   }
   EKVA_CUDA_CHECK(cudaGetLastError());
 }

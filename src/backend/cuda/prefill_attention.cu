@@ -65,27 +65,6 @@ constexpr int shared_bytes() {
 // The position a slot past the segment's end copies: after every query.
 __device__ const int32_t kNoPosition = INT_MAX;
 
-__device__ __forceinline__ void mbarrier_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
-}
-__device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// Arrives on bar once the thread's cp.async copies issued so far have landed.
-__device__ __forceinline__ void mbarrier_arrive_after_copies(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n"
-      "  .reg .pred done;\n"
-      "WAIT:\n"
-      "  mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "  @!done bra WAIT;\n"
-      "}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
 __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
 }
@@ -357,9 +336,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Consumer 1 gives consumer 0 the first turn.
   constexpr int kTurnThreads = 128 * kConsumers;
   static_assert(kConsumers == 2, "turns alternate between two consumers");
-  const auto take_turn = [&] {
-    asm volatile("bar.sync %0, %1;\n" ::"r"(1 + consumer), "n"(kTurnThreads) : "memory");
-  };
+  const auto take_turn = [&] { named_barrier_sync<kTurnThreads>(1 + consumer); };
   const auto pass_turn = [&] {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(2 - consumer), "n"(kTurnThreads) : "memory");
   };

@@ -335,10 +335,10 @@ TEST_F(GroupedGemmTest, SortOfPromptSizedSteps) {
 }
 
 // Steps whose experts average a group of kMaxGroupedTokens or more take groups of
-// kWideGroupTokens on the wide tile (warps 2 x 4), with and without the SwiGLU applied: weight rows
-// past a tile (130 and 136 rows: gate and up halves of 65 and 68), columns past a stage, groups
-// with tokens for only some of the warps, and a step of each group size either side of the
-// threshold.
+// kWideGroupTokens on the wide kernel (four consumer warpgroups), with and without the SwiGLU
+// applied: weight rows past a tile (130 and 136 rows: gate and up halves of 65 and 68), columns
+// past a stage, more column steps than stages, groups with tokens for only some of the warps, and
+// a step of each group size either side of the threshold.
 TEST_F(GroupedGemmTest, WideGroupsOfPromptSizedSteps) {
   ASSERT_EQ(moe_group_tokens(1000, 1, 4), kWideGroupTokens);
   run_case({4, 1, 1000, 200, 328}, 15);
