@@ -102,6 +102,17 @@ __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_all;\n" ::);
 }
 
+// A warpgroup that only copies gives registers to those that multiply (setmaxnreg: the
+// counts are per thread, multiples of 8, and the CTA's total stays what it launched with).
+template <int Registers>
+__device__ __forceinline__ void registers_down() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Registers));
+}
+template <int Registers>
+__device__ __forceinline__ void registers_up() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Registers));
+}
+
 // Shared-memory barriers between a copying warpgroup and those that multiply (a stage full, a
 // stage empty).
 __device__ __forceinline__ void mbarrier_init(uint32_t bar, uint32_t count) {
@@ -141,6 +152,14 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(address));
+}
+// Stores four 8 x 8 bf16 matrices, transposed: lanes 8 m to 8 m + 7 give the addresses of matrix
+// m's rows, each of which receives a column of the matrix held as mma fragments in r[m].
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t address, const uint32_t (&r)[4]) {
+  asm volatile(
+      "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(address),
+      "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+      : "memory");
 }
 
 // c[16x8] += a[16x16] * b[16x8], bf16 inputs, fp32 accumulators.

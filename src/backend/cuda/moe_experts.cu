@@ -236,6 +236,12 @@ constexpr int kWideRows = 256;
 constexpr int kWideConsumers = kWideRows / 64;
 constexpr int kWideThreads = 128 * (1 + kWideConsumers);
 constexpr int kWideStages = 4;
+// The launch's 96 registers a thread (65536 / kWideThreads, in multiples of 8), some of the
+// producer's given to the consumers, whose 64 sums and epilogue spilled in 96.
+constexpr int kWideProducerRegisters = 64;
+constexpr int kWideConsumerRegisters = 104;
+static_assert(128 * kWideProducerRegisters + 128 * kWideConsumers * kWideConsumerRegisters <=
+              kWideThreads * (65536 / kWideThreads / 8 * 8));
 constexpr int kWideStageElements = (kWideRows + kWideGroupTokens) * kCols;
 constexpr int kWideSharedBytes =
     kWideStages * kWideStageElements * static_cast<int>(sizeof(uint16_t));
@@ -436,6 +442,7 @@ __global__ void __launch_bounds__(kWideThreads, 1)
   __syncthreads();
 
   if (threadIdx.x < 128) {
+    registers_down<kWideProducerRegisters>();
     // The producer: each thread copies the same 16-byte chunk of tile rows copy_row + kCopyRows j
     // at every stage. Those rows' weight rows are evenly spaced (every 8 rows of the gate or the
     // up half with a SwiGLU, every kCopyRows rows else); the input rows' offsets are found once a
@@ -503,9 +510,14 @@ __global__ void __launch_bounds__(kWideThreads, 1)
   }
 
   // The consumers: warpgroup c multiplies tile rows [64 c, 64 c + 64).
+  registers_up<kWideConsumerRegisters>();
   const int consumer_warp = threadIdx.x / 32 - 4, lane = threadIdx.x % 32;
   const int consumer = consumer_warp / 4;
   const bool split = splits > 1;
+  // Descriptors of stage 0's weight rows and input rows, advanced by an add to a stage and k-step
+  // (found from the address at every step, they took a third of the consumers' instructions).
+  const uint64_t w_desc = wgmma_descriptor(shared_address(tiles + consumer * 64 * kCols));
+  const uint64_t x_desc = wgmma_descriptor(shared_address(tiles + kWideRows * kCols));
   int it = 0;  // stages taken so far, over all of the CTA's tiles
   for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
     const Tile t = tile_at(tile);
@@ -516,15 +528,13 @@ __global__ void __launch_bounds__(kWideThreads, 1)
       mbarrier_wait(shared_address(&full[stage]), (it / kWideStages) & 1);
       // The copies' generic-proxy writes seen by the MMA's asynchronous-proxy reads.
       fence_proxy_async_shared();
-      const uint16_t* w_tile = tiles + stage * kWideStageElements;
-      const uint32_t w_at = shared_address(w_tile + consumer * 64 * kCols);
-      const uint32_t x_at = shared_address(w_tile + kWideRows * kCols);
+      const uint32_t stage_bytes = stage * kWideStageElements * 2;
       wgmma_fence_operands(d);
       wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < kCols / 16; ++ks) {
-        wgmma_m64n128k16_bf16<true>(d, wgmma_descriptor(w_at + ks * 32),
-                                    wgmma_descriptor(x_at + ks * 32));
+        wgmma_m64n128k16_bf16<true>(d, wgmma_descriptor_advanced(w_desc, stage_bytes + ks * 32),
+                                    wgmma_descriptor_advanced(x_desc, stage_bytes + ks * 32));
       }
       wgmma_commit();
       wgmma_fence_operands(d);
@@ -535,34 +545,93 @@ __global__ void __launch_bounds__(kWideThreads, 1)
     }
     wgmma_wait<0>();
     wgmma_fence_operands(d);
-    mbarrier_arrive(shared_address(&empty[(it - 1) % kWideStages]));
+    const int last_stage = (it - 1) % kWideStages;
 
     // Sum d[i] is of tile row 16 consumer_warp + lane / 4 + 8 (i % 4 / 2) and token i / 4 * 8 +
     // (lane % 4) * 2 + i % 2.
-    if (swiglu) {
+    if (!swiglu && g.out_bf16 == nullptr) {
+      mbarrier_arrive(shared_address(&empty[last_stage]));
 #pragma unroll
       for (int i = 0; i < 64; ++i) {
-        if (i % 4 >= 2) continue;  // the up sum of d[i - 2]'s output
-        const int r = t.row0 + consumer_warp * 8 + lane / 4;
+        const int r = t.row0 + consumer_warp * 16 + lane / 4 + (i % 4 / 2) * 8;
         const int token = i / 4 * 8 + (lane % 4) * 2 + i % 2;
-        if (r < half_rows && token < t.count) {
-          g.swiglu_out[static_cast<int64_t>(t.first + token) * half_rows + r] =
-              swiglu_bf16(d[i], d[i + 2]);
-        }
+        if (r < g.out_rows && token < t.count)
+          store_sum(g, t.first, t.count, token, r, d[i], split);
       }
       continue;
     }
+    // bf16 rows: the warpgroup's rows of a token are consecutive in the output, so they are
+    // gathered per token in shared memory (stmatrix, transposed) and stored 16 bytes at a time,
+    // instead of one 2-byte store per sum. The last stage, which the MMA no longer reads, holds
+    // them: 8 KB per warpgroup, a pass of all 128 tokens of the SwiGLU's 32 outputs or of 64
+    // tokens of 64 rows.
+    constexpr int kStagingBytes = 8192;
+    const int row_bytes = swiglu ? 64 : 128;  // a token's rows of the warpgroup
+    const int chunks = row_bytes / 16;
+    const int pass_tokens = kStagingBytes / row_bytes;
+    const uint32_t staging =
+        shared_address(tiles + last_stage * kWideStageElements) + consumer * kStagingBytes;
+    // Byte offset of 16-byte chunk c of token row `token`, XOR-swizzled so that the eight rows an
+    // stmatrix stores fall in distinct banks.
+    const auto staged = [&](int token, int c) {
+      return token * row_bytes + ((c ^ (token / (8 / chunks) % chunks)) * 16);
+    };
+    const int rows = swiglu ? half_rows : g.out_rows;
+    uint16_t* out = swiglu ? g.swiglu_out : g.out_bf16;
+    const int wg_row0 = t.row0 + consumer * chunks * 8;  // the warpgroup's first output row
+    const int warp_in_group = consumer_warp % 4, matrix = lane / 8, matrix_row = lane % 8;
 #pragma unroll
-    for (int i = 0; i < 64; ++i) {
-      const int r = t.row0 + consumer_warp * 16 + lane / 4 + (i % 4 / 2) * 8;
-      const int token = i / 4 * 8 + (lane % 4) * 2 + i % 2;
-      if (r >= g.out_rows || token >= t.count) continue;
-      if (g.out_bf16 != nullptr) {
-        g.out_bf16[static_cast<int64_t>(t.first + token) * g.out_rows + r] = to_bf16_bits(d[i]);
+    for (int pass = 0; pass < 2; ++pass) {  // unrolled: d is indexed by constants only
+      if (pass * pass_tokens >= kWideGroupTokens) break;
+      // Each stmatrix stores four 8 x 8 matrices (8 rows by 8 tokens, stored token-major).
+      if (swiglu) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          uint32_t r[4];
+#pragma unroll
+          for (int m = 0; m < 4; ++m) {
+            const int nt = 4 * q + m;
+            r[m] = static_cast<uint32_t>(swiglu_bf16(d[nt * 4], d[nt * 4 + 2])) |
+                   static_cast<uint32_t>(swiglu_bf16(d[nt * 4 + 1], d[nt * 4 + 3])) << 16;
+          }
+          stmatrix_x4_trans(staging + staged((4 * q + matrix) * 8 + matrix_row, warp_in_group), r);
+        }
       } else {
-        store_sum(g, t.first, t.count, token, r, d[i], split);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int nt = 8 * pass + 2 * q;
+          const uint32_t r[4] = {
+              pack_bf16(d[nt * 4], d[nt * 4 + 1]), pack_bf16(d[nt * 4 + 2], d[nt * 4 + 3]),
+              pack_bf16(d[nt * 4 + 4], d[nt * 4 + 5]), pack_bf16(d[nt * 4 + 6], d[nt * 4 + 7])};
+          const int token = (nt + matrix / 2) * 8 + matrix_row - pass * pass_tokens;
+          stmatrix_x4_trans(staging + staged(token, 2 * warp_in_group + matrix % 2), r);
+        }
       }
+      named_barrier_sync<128>(1 + consumer);
+      for (int k = threadIdx.x % 128; k < pass_tokens * chunks; k += 128) {
+        const int token = k / chunks, c = k % chunks;
+        const int pair = pass * pass_tokens + token;
+        if (pair >= t.count) continue;
+        uint4 v;
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "r"(staging + staged(token, c)));
+        const int r0 = wg_row0 + c * 8;
+        uint16_t* at = out + static_cast<int64_t>(t.first + pair) * rows + r0;
+        if (rows % 8 == 0 && r0 + 8 <= rows) {
+          *reinterpret_cast<uint4*>(at) = v;
+        } else {
+          const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            if (r0 + j < rows) at[j] = static_cast<uint16_t>(words[j / 2] >> (16 * (j % 2)));
+          }
+        }
+      }
+      // The rows are read before the next pass stores over them.
+      named_barrier_sync<128>(1 + consumer);
     }
+    mbarrier_arrive(shared_address(&empty[last_stage]));
   }
 }
 
