@@ -349,6 +349,15 @@ TEST_F(GroupedGemmTest, WideGroupsOfPromptSizedSteps) {
   run_case({4, 1, 256, 130, 72}, 18);
 }
 
+// More tiles than a GPU has multiprocessors (about 70 groups of 8 experts, three row tiles each):
+// the persistent wide kernel's CTAs take several tiles, its producer copying a tile's stages
+// while the consumers still store the last one's rows, and a tile's three column steps leave the
+// stages' phases mid-cycle for the next.
+TEST_F(GroupedGemmTest, WideGroupsOfMoreTilesThanMultiprocessors) {
+  ASSERT_EQ(moe_group_tokens(4000, 2, 8), kWideGroupTokens);
+  run_case({8, 2, 4000, 520, 136}, 19);
+}
+
 // A one-token step's gate-and-up product with its SwiGLU applied (bf16 out), and its down product
 // gated and added over the token's experts in ascending order (one expert disabled), against
 // products here in double; few expert rows of many columns make warps share the gate-and-up rows
