@@ -7,7 +7,8 @@ For each model, each variant's microseconds per layer of every kernel name (temp
 dropped), summed over the profiled launches and divided by the layers profiled: the launches of
 prefill_attention_kernel, one a layer of a prompt (a fixed count of launches a layer held other
 layer counts: OLMoE's layer launches more of the grouped products than Qwen3's), with their total;
-base first. A file with no kernel rows, or none of prefill attention, is listed with the reason; a
+base first. A kernel launched n > 1 times in every layer gets a column per launch of a layer
+("name #1" .. "name #n", in launch order: a layer's gate-and-up and down grouped products). A file with no kernel rows, or none of prefill attention, is listed with the reason; a
 variant's name is lower-case letters and digits.
 """
 import csv
@@ -44,18 +45,24 @@ def durations(path):
     except ValueError:
         return None, "not a --csv metrics listing"
     scale = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}
-    sums, launches = {}, {}
+    timed, launches = [], {}
     for line, row in enumerate(table[1:], start=2):
         try:
             k = kernel(row[name_at])
             value = float(row[value_at].replace(",", "")) * scale.get(row[unit_at], 1.0)
         except (IndexError, ValueError):
             return None, f"kernel row {line} is not a kernel name and a duration"
-        sums[k] = sums.get(k, 0.0) + value
+        timed.append((k, value))
         launches[k] = launches.get(k, 0) + 1
     layers = launches.get("prefill_attention_kernel", 0)
     if layers == 0:
         return None, "no prefill_attention_kernel launch to count the layers by"
+    sums, seen = {}, {}
+    for k, value in timed:
+        per_layer = launches[k] // layers if launches[k] % layers == 0 else 1
+        column = f"{k} #{seen.get(k, 0) % per_layer + 1}" if per_layer > 1 else k
+        seen[k] = seen.get(k, 0) + 1
+        sums[column] = sums.get(column, 0.0) + value
     return {k: v / layers for k, v in sums.items()}, layers
 
 
