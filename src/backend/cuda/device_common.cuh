@@ -153,8 +153,9 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(address));
 }
-// Stores four 8 x 8 bf16 matrices, transposed: lanes 8 m to 8 m + 7 give the addresses of matrix
-// m's rows, each of which receives a column of the matrix held as mma fragments in r[m].
+// Stores four 8 x 8 bf16 matrices transposed: lane 8 m + j gives the address of row j of matrix m
+// in shared memory, which receives column j of the matrix whose mma fragments the lanes hold in
+// r[m] (lane l: row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1).
 __device__ __forceinline__ void stmatrix_x4_trans(uint32_t address, const uint32_t (&r)[4]) {
   asm volatile(
       "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(address),
