@@ -562,10 +562,11 @@ __global__ void __launch_bounds__(kWideThreads, 1)
     }
     // bf16 rows: the warpgroup's rows of a token are consecutive in the output, so they are
     // gathered per token in shared memory (stmatrix, transposed) and stored 16 bytes at a time,
-    // instead of one 2-byte store per sum. The last stage, which the MMA no longer reads, holds
-    // them: 8 KB per warpgroup, a pass of all 128 tokens of the SwiGLU's 32 outputs or of 64
-    // tokens of 64 rows.
-    constexpr int kStagingBytes = 8192;
+    // instead of one 2-byte store per sum. The last stage holds them, the warpgroup's 8 KB being
+    // its own weight rows there, which no other warpgroup reads (another may still be
+    // multiplying): a pass of all 128 tokens of the SwiGLU's 32 outputs or of 64 tokens of 64
+    // rows.
+    constexpr int kStagingBytes = 64 * kCols * static_cast<int>(sizeof(uint16_t));
     const int row_bytes = swiglu ? 64 : 128;  // a token's rows of the warpgroup
     const int chunks = row_bytes / 16;
     const int pass_tokens = kStagingBytes / row_bytes;
