@@ -415,7 +415,7 @@ __global__ void __launch_bounds__(kWideThreads, 1)
   const int num_tiles = groups * row_tiles * splits;
   const bool swiglu = g.swiglu_out != nullptr;
   const int half_rows = g.out_rows / 2;
-  // Tile rows per output row: 2 with a SwiGLU (its gate and up rows).
+  // Output rows a tile: half its rows with a SwiGLU (their gate and up rows).
   const int tile_outputs = swiglu ? kWideRows / 2 : kWideRows;
   struct Tile {
     int first, count, row0, col_begin, col_end, steps;
