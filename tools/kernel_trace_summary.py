@@ -13,7 +13,10 @@ before kernels that started after everything before them had ended. Printed per 
 replay span, then per kernel and grid (so that products of different shapes stay apart) its median
 duration from start to end (with programmatic dependent launch, a kernel starts before the one
 before it has finished, so this includes its wait), its exposed time and the gaps before it, in microseconds per layer, largest exposed first.
-The medians are over replays, so warm-up replays count for little.
+The medians are over replays, so warm-up replays count for little. With --timeline FIRST:COUNT it
+also prints kernels FIRST to FIRST + COUNT - 1 (in start order) of each graph's middle replay, each
+with its start and end from the first one's start and how far its end lies past the end before it
+(a decode step's chain of dependent kernels, one layer at a time).
 
 Kernels launched one by one (a prompt's step, which is not captured) are split into runs wherever
 the GPU idles for more than --run-gap-ms; for each run of at least --min-kernels kernels it prints
@@ -74,7 +77,17 @@ def main():
                         "by one with fewer kernels, are left out")
     parser.add_argument("--run-gap-ms", type=float, default=2.0,
                         help="an idle gap this long ends a run of kernels launched one by one")
+    parser.add_argument("--timeline", metavar="FIRST:COUNT",
+                        help="print these kernels of each graph's middle replay one by one")
     args = parser.parse_args()
+    timeline = None
+    if args.timeline:
+        try:
+            timeline = tuple(int(v) for v in args.timeline.split(":"))
+            if len(timeline) != 2 or min(timeline) < 0:
+                raise ValueError
+        except ValueError:
+            sys.exit(f"kernel_trace_summary: --timeline takes FIRST:COUNT, not {args.timeline}")
     graphs = collections.defaultdict(list)
     eager = []
     columns = {"start_ns", "end_ns", "graph_id", "graph_node_id", "grid", "name"}
@@ -128,7 +141,26 @@ def main():
         gap_sum = sum(statistics.median(v[2]) for v in per_name.values()) / 1e3 / layers
         print(f"  sum of medians: exposed {exposed_sum:.2f}, gaps {gap_sum:.2f} us per layer")
         between_replays(runs, eager)
+        if timeline:
+            print_timeline(sorted(runs[len(runs) // 2], key=lambda k: k["start"]), *timeline)
     eager_runs(sorted(eager, key=lambda k: k["start"]), args.run_gap_ms * 1e6, args.min_kernels)
+
+
+def print_timeline(run, first, count):
+    """Kernels first .. first + count - 1 of one replay in start order: start, end, duration and
+    the end's distance past the previous kernel's end, in microseconds."""
+    kernels = run[first:first + count]
+    if not kernels:
+        return
+    t0 = kernels[0]["start"]
+    print(f"  kernels {first} to {first + len(kernels) - 1} of replay {len(run)} kernels long:")
+    print(f"  {'start':>8} {'end':>8} {'us':>7} {'end after the last':>18}  kernel")
+    previous = None
+    for k in kernels:
+        start, end = (k["start"] - t0) / 1e3, (k["end"] - t0) / 1e3
+        after = end - previous if previous is not None else 0.0
+        print(f"  {start:8.2f} {end:8.2f} {end - start:7.2f} {after:18.2f}  {k['name']}")
+        previous = end
 
 
 def between_replays(runs, eager):
