@@ -414,8 +414,8 @@ void CudaBackend::mlp(const DeviceMlp& m, const uint16_t* x, int rows, float* y)
   gemm_->bf16(h, rows, m.down.data.data(), hidden, inter, y);
 }
 
-void CudaBackend::moe_block(int layer, int moe_index, const StepPlan& plan, KvLayout& layout,
-                            ForwardObserver* observer) {
+bool CudaBackend::moe_block(int layer, int moe_index, const StepPlan& plan, KvLayout& layout,
+                            ForwardObserver* observer, const float* next_norm) {
   const ForwardBatch& batch = plan.batch;
   const ModelSpec& s = weights_->spec();
   const DeviceLayer& D = weights_->layer(layer);
@@ -424,7 +424,7 @@ void CudaBackend::moe_block(int layer, int moe_index, const StepPlan& plan, KvLa
   float* y = scratch(y_, static_cast<size_t>(n) * std::max(s.top_k, 1) * hidden);
   if (!s.layer_is_moe[layer]) {
     mlp(D.dense, x_bf16_.data(), n, delta);
-    return;
+    return false;
   }
   const int E = s.num_experts, k = s.top_k;
   float* logits = scratch(router_logits_, static_cast<size_t>(n) * E);
@@ -470,7 +470,16 @@ void CudaBackend::moe_block(int layer, int moe_index, const StepPlan& plan, KvLa
       observer->on_layer_routed(layer, batch, layout, nullptr, nullptr, experts.data(),
                                 gates.data(), k);
     }
-    grouped_experts(layer, n, experts_d, gates_d, p, router_sorts, y, delta);  // writes delta
+    // Shared experts add to delta after the routed ones.
+    ResidualNorm norm;
+    if (s.shared_intermediate == 0) {
+      norm.weight = next_norm;
+      norm.eps = static_cast<float>(s.rms_eps);
+      norm.out_bf16 = x_bf16_.data();
+    }
+    if (grouped_experts(layer, n, experts_d, gates_d, p, router_sorts, y, delta, norm)) {
+      return true;
+    }
   } else {
     EKVA_CUDA_CHECK(
         cudaMemsetAsync(delta, 0, static_cast<size_t>(n) * hidden * sizeof(float), stream_));
@@ -487,6 +496,7 @@ void CudaBackend::moe_block(int layer, int moe_index, const StepPlan& plan, KvLa
     mlp(D.shared, x_bf16_.data(), n, y);
     scatter_add_rows(y, nullptr, weight, n, hidden, delta, stream_);
   }
+  return false;
 }
 
 bool CudaBackend::experts_grouped(int n, const ForwardObserver* observer) const {
@@ -503,8 +513,9 @@ bool CudaBackend::experts_grouped(int n, const ForwardObserver* observer) const 
          grouped_gemm_supported(s.expert_intermediate, s.num_experts);
 }
 
-void CudaBackend::grouped_experts(int layer, int n, const int32_t* experts, const float* gates,
-                                  const MoePairs& p, bool sorted, float* y, float* delta) {
+bool CudaBackend::grouped_experts(int layer, int n, const int32_t* experts, const float* gates,
+                                  const MoePairs& p, bool sorted, float* y, float* delta,
+                                  const ResidualNorm& next_norm) {
   const ModelSpec& s = weights_->spec();
   const DeviceLayer& D = weights_->layer(layer);
   const int E = s.num_experts, k = s.top_k, hidden = s.hidden_size, inter = s.expert_intermediate;
@@ -537,17 +548,20 @@ void CudaBackend::grouped_experts(int layer, int n, const int32_t* experts, cons
   down.in_cols = inter;
   if (one_token && combined_gemv_supported(n, k)) {
     grouped_gemm_combined(down, p, k, disabled, delta, stream_);
-    return;
+    return false;
   }
   if (wide) {  // y's floats hold the bf16 rows twice over
+    const bool normed = next_norm.weight != nullptr;
     down.out = nullptr;
     down.out_bf16 = reinterpret_cast<uint16_t*>(y);
     product(down);
-    combine_pairs(down.out_bf16, p, n, k, hidden, disabled, delta, stream_);
-    return;
+    combine_pairs(down.out_bf16, p, n, k, hidden, disabled, normed ? x_.data() : delta, next_norm,
+                  stream_);
+    return normed;
   }
   product(down);
   combine_pairs(y, p, n, k, hidden, disabled, delta, stream_);
+  return false;
 }
 
 void CudaBackend::record_routing(int layer, const StepPlan& plan, KvLayout& layout,
@@ -802,23 +816,29 @@ void CudaBackend::forward(const StepPlan& plan, KvLayout& layout, ForwardObserve
   int moe_index = 0;
   // Such an observer copies each layer's rotated float32 queries (host_routed_experts).
   const bool host_reads_queries = observer != nullptr && observer->reads_kv();
-  // Each residual add (of the block before) runs in the norm that follows it.
+  // Each residual add (of the block before) runs in the norm that follows it, or the experts'
+  // sum runs both (moe_block).
+  bool normed = false;
   for (int l = 0; l < s.num_layers; ++l) {
     const DeviceLayer& D = w.layer(l);
     if (l == 0) {
       rms_norm(x, n, hidden, D.attn_norm.data(), eps, nullptr, x_bf16_.data(), stream_);
-    } else {
+    } else if (!normed) {
       add_rms_norm(x, delta_.data(), n, hidden, D.attn_norm.data(), eps, nullptr, x_bf16_.data(),
                    stream_);
     }
     attention_block(l, plan, decode_kernel, scoring, host_reads_queries);
     add_rms_norm(x, delta_.data(), n, hidden, D.mlp_norm.data(), eps, normed_.data(),
                  x_bf16_.data(), stream_);
-    moe_block(l, moe_index, plan, layout, observer);
+    const float* next_norm =
+        l + 1 < s.num_layers ? w.layer(l + 1).attn_norm.data() : w.final_norm().data();
+    normed = moe_block(l, moe_index, plan, layout, observer, next_norm);
     if (s.layer_is_moe[l]) ++moe_index;
   }
-  add_rms_norm(x, delta_.data(), n, hidden, w.final_norm().data(), eps, nullptr, x_bf16_.data(),
-               stream_);
+  if (!normed) {
+    add_rms_norm(x, delta_.data(), n, hidden, w.final_norm().data(), eps, nullptr, x_bf16_.data(),
+                 stream_);
+  }
   const uint16_t* x_rows = x_bf16_.data();
   if (!logits_in_order_) {
     uint16_t* gathered = scratch(rows_bf16_, static_cast<size_t>(rows) * hidden);

@@ -29,6 +29,7 @@
 namespace ekva::cuda {
 
 struct MoePairs;
+struct ResidualNorm;
 
 class CudaBackend : public Backend {
  public:
@@ -99,8 +100,11 @@ class CudaBackend : public Backend {
   void attention_block(int layer, const StepPlan& plan, bool decode_kernel, bool scoring,
                        bool host_reads_queries);
   void mlp(const DeviceMlp& mlp, const uint16_t* x, int rows, float* y);
-  void moe_block(int layer, int moe_index, const StepPlan& plan, KvLayout& layout,
-                 ForwardObserver* observer);
+  // next_norm: the norm after the block (the next layer's attention norm, or the final one).
+  // Returns whether the block added its output to the residual x_ and normalised the sum with
+  // next_norm into x_bf16_ itself (in the experts' sum, combine_pairs), leaving delta_ unused.
+  bool moe_block(int layer, int moe_index, const StepPlan& plan, KvLayout& layout,
+                 ForwardObserver* observer, const float* next_norm);
   // Whether a step of n tokens runs its routed experts as grouped products with the pairs sorted
   // on the device (grouped_experts): when the model's experts get few pairs each (any decode
   // step; a prompt of fine-grained experts), where one product per expert would be many small
@@ -110,8 +114,11 @@ class CudaBackend : public Backend {
   // The routed experts as grouped products that read each touched expert's weights once for each
   // group of its pairs, which it sorts into `pairs` unless the router has (sorted); the host
   // learns the routing when the step ends.
-  void grouped_experts(int layer, int n, const int32_t* experts, const float* gates,
-                       const MoePairs& pairs, bool sorted, float* y, float* delta);
+  // With next_norm.weight, a step of wide groups (a prompt) adds the experts' sum to the residual
+  // and normalises it in combine_pairs (returns whether it did).
+  bool grouped_experts(int layer, int n, const int32_t* experts, const float* gates,
+                       const MoePairs& pairs, bool sorted, float* y, float* delta,
+                       const ResidualNorm& next_norm);
   // The routed experts with the routing on the host: one product per touched expert over its
   // rows (prefill), and the observer's callbacks.
   void host_routed_experts(int layer, int moe_index, const StepPlan& plan, KvLayout& layout,

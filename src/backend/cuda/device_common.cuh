@@ -361,6 +361,17 @@ __device__ __forceinline__ uint16_t to_bf16_bits(float x) {
   return *reinterpret_cast<const uint16_t*>(&v);
 }
 
+// An RMSNorm's output element, as cpu::rms_norm forms it: one expression wherever a row is
+// normalised (the norm kernel, the experts' sum that normalises the next residual), so that they
+// agree bit for bit.
+__device__ __forceinline__ float rms_normed(float value, float inv_rms, float weight) {
+  return __fmul_rn(__fmul_rn(value, inv_rms), weight);
+}
+// 1 / rms from a row's sum of squares, taken in double as the CPU reference takes it.
+__device__ __forceinline__ float inverse_rms(double sum_squares, int dim, float eps) {
+  return static_cast<float>(1.0 / sqrt(sum_squares / dim + static_cast<double>(eps)));
+}
+
 // bf16(silu(gate) * up), as cpu::silu_mul forms it: one expression wherever a SwiGLU is applied,
 // so that fused and separate paths agree bit for bit.
 __device__ __forceinline__ uint16_t swiglu_bf16(float gate, float up) {

@@ -111,10 +111,9 @@ __global__ void __launch_bounds__(kNormThreads)
   __syncthreads();
   double total = 0.0;
   for (int w = 0; w < row_warps; ++w) total += partial[threadIdx.y * row_warps + w];
-  const float inv =
-      dim > 0 ? static_cast<float>(1.0 / sqrt(total / dim + static_cast<double>(eps))) : 0.0f;
+  const float inv = dim > 0 ? inverse_rms(total, dim, eps) : 0.0f;
   const auto write = [&](int i, float value, float w) {
-    const float y = __fmul_rn(__fmul_rn(value, inv), w);
+    const float y = rms_normed(value, inv, w);
     const int64_t at = offset + i;
     if (out_f32 != nullptr) out_f32[at] = y;
     if (out_bf16 != nullptr) out_bf16[at] = to_bf16_bits(y);

@@ -204,8 +204,17 @@ void grouped_gemm_combined(const GroupedGemm& gemm, const MoePairs& pairs, int t
 // disabled_expert (-1: none). Top-k of 1 to 32, as route_tokens takes.
 void combine_pairs(const float* y, const MoePairs& pairs, int n, int top_k, int hidden,
                    int disabled_expert, float* out, cudaStream_t stream);
+// The same over bf16 rows (wide groups' down product). With norm.weight, out is the residual
+// instead: out[t] += that sum, then rms_norm of out[t] with norm.weight and norm.eps into
+// norm.out_bf16 (add_rms_norm's output): a prompt's expert sum, residual add and next norm in one
+// kernel, a CTA a token.
+struct ResidualNorm {
+  const float* weight = nullptr;
+  float eps = 0.0f;
+  uint16_t* out_bf16 = nullptr;
+};
 void combine_pairs(const uint16_t* y, const MoePairs& pairs, int n, int top_k, int hidden,
-                   int disabled_expert, float* out, cudaStream_t stream);
+                   int disabled_expert, float* out, const ResidualNorm& norm, cudaStream_t stream);
 
 // Workspace bytes of greedy_tokens for rows of vocab logits.
 size_t greedy_tokens_workspace(int rows, int vocab);

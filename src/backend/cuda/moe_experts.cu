@@ -855,6 +855,7 @@ int multiprocessors() {
 // thread divides a flat index by the hidden size), the pairs' rows and gates fetched once per CTA
 // so that every row's load is issued before any is added. Top-k of at most 32 (route_tokens').
 constexpr int kMaxCombinedPairs = 32;
+constexpr int kCombineThreads = 256;
 __device__ __forceinline__ float row_value(const float* y, int64_t at) {
   return y[at];
 }
@@ -870,15 +871,21 @@ __device__ __forceinline__ float4 row_vector(const uint16_t* y, int64_t at) {
   const float2 lo = unpack_bf16(packed.x), hi = unpack_bf16(packed.y);
   return make_float4(lo.x, lo.y, hi.x, hi.y);
 }
-template <typename Y>
+// kNorm (norm.weight; a CTA per token): out is the residual x, to which the token's sum is added,
+// and the sum is then normalised as rms_norm normalises it into norm.out_bf16: the experts' sum,
+// the residual add and the next norm in one pass, where a separate norm wrote and read back the
+// sum.
+template <typename Y, bool kNorm>
 __global__ void combine_kernel(const Y* y, const MoePairs p, int n, int k, int hidden, int vectors,
-                               int disabled_expert, float* out) {
+                               int disabled_expert, float* out, const ResidualNorm norm) {
   follow_prior_grid();
+  __shared__ double norm_partial[kCombineThreads / 32];
   __shared__ int64_t row[kMaxCombinedPairs];
   __shared__ float gate[kMaxCombinedPairs];
   __shared__ bool added[kMaxCombinedPairs];
   for (int64_t t = blockIdx.y; t < n; t += gridDim.y) {
-    __syncthreads();  // the previous token's rows are read
+    [[maybe_unused]] double sum_squares = 0.0;
+    __syncthreads();  // the previous token's rows (and norm_partial) are read
     if (threadIdx.x < k) {
       const int j = p.token_pairs[t * k + threadIdx.x];
       row[threadIdx.x] = static_cast<int64_t>(j) * hidden;
@@ -898,7 +905,14 @@ __global__ void combine_kernel(const Y* y, const MoePairs p, int n, int k, int h
         v.z += gate[r] * x.z;
         v.w += gate[r] * x.w;
       }
-      reinterpret_cast<float4*>(out + t * hidden)[c] = v;
+      float4* at = reinterpret_cast<float4*>(out + t * hidden) + c;
+      if constexpr (kNorm) {
+        const float4 x = *at;
+        v = make_float4(x.x + v.x, x.y + v.y, x.z + v.z, x.w + v.w);
+        sum_squares += static_cast<double>(v.x) * v.x + static_cast<double>(v.y) * v.y +
+                       static_cast<double>(v.z) * v.z + static_cast<double>(v.w) * v.w;
+      }
+      *at = v;
     }
     for (int c = 4 * vectors + blockIdx.x * blockDim.x + threadIdx.x; c < hidden;
          c += gridDim.x * blockDim.x) {
@@ -906,7 +920,31 @@ __global__ void combine_kernel(const Y* y, const MoePairs p, int n, int k, int h
       for (int r = 0; r < k; ++r) {
         if (added[r]) v += gate[r] * row_value(y, row[r] + c);
       }
+      if constexpr (kNorm) {
+        v = out[t * hidden + c] + v;
+        sum_squares += static_cast<double>(v) * v;
+      }
       out[t * hidden + c] = v;
+    }
+    if constexpr (kNorm) {
+      for (int o = 16; o > 0; o /= 2) sum_squares += __shfl_xor_sync(0xffffffffu, sum_squares, o);
+      if (threadIdx.x % 32 == 0) norm_partial[threadIdx.x / 32] = sum_squares;
+      __syncthreads();
+      double total = 0.0;
+      for (int w = 0; w < kCombineThreads / 32; ++w) total += norm_partial[w];
+      const float inv = inverse_rms(total, hidden, norm.eps);
+      // Each thread reads back the columns it wrote.
+      for (int c = threadIdx.x; c < vectors; c += kCombineThreads) {
+        const float4 v = reinterpret_cast<const float4*>(out + t * hidden)[c];
+        const float4 w = reinterpret_cast<const float4*>(norm.weight)[c];
+        *reinterpret_cast<uint2*>(norm.out_bf16 + t * hidden + 4 * c) =
+            make_uint2(pack_bf16(rms_normed(v.x, inv, w.x), rms_normed(v.y, inv, w.y)),
+                       pack_bf16(rms_normed(v.z, inv, w.z), rms_normed(v.w, inv, w.w)));
+      }
+      for (int c = 4 * vectors + threadIdx.x; c < hidden; c += kCombineThreads) {
+        norm.out_bf16[t * hidden + c] =
+            to_bf16_bits(rms_normed(out[t * hidden + c], inv, norm.weight[c]));
+      }
     }
   }
 }
@@ -1117,19 +1155,35 @@ namespace {
 
 template <typename Y>
 void launch_combine(const Y* y, const MoePairs& pairs, int n, int k, int hidden,
-                    int disabled_expert, float* out, cudaStream_t stream) {
+                    int disabled_expert, float* out, const ResidualNorm& norm,
+                    cudaStream_t stream) {
   if (k < 1 || k > kMaxCombinedPairs) {
     fail(ErrorKind::kUnsupported, "combine_pairs: top-{} (at most {})", k, kMaxCombinedPairs);
   }
+  const bool normed = norm.weight != nullptr;
+  if (normed && norm.out_bf16 == nullptr) {
+    fail(ErrorKind::kUnsupported, "combine_pairs: a norm needs a bf16 output row");
+  }
   if (n == 0 || hidden == 0) return;
-  constexpr int kCombineThreads = 256;
   const bool aligned = hidden % 4 == 0 && reinterpret_cast<uintptr_t>(y) % (4 * sizeof(Y)) == 0 &&
-                       reinterpret_cast<uintptr_t>(out) % 16 == 0;
+                       reinterpret_cast<uintptr_t>(out) % 16 == 0 &&
+                       (!normed || (reinterpret_cast<uintptr_t>(norm.weight) % 16 == 0 &&
+                                    reinterpret_cast<uintptr_t>(norm.out_bf16) % 8 == 0));
   const int vectors = aligned ? hidden / 4 : 0;
   const int per_thread = aligned ? vectors : hidden;  // a thread takes a vector or a column
-  const dim3 grid((per_thread + kCombineThreads - 1) / kCombineThreads, std::min(n, 65535));
-  launch_overlapping(combine_kernel<Y>, grid, dim3(kCombineThreads), 0, stream, y, pairs, n, k,
-                     hidden, vectors, disabled_expert, out);
+  // A token's row takes one CTA when it is normalised.
+  const dim3 grid(normed ? 1 : (per_thread + kCombineThreads - 1) / kCombineThreads,
+                  std::min(n, 65535));
+  if constexpr (std::is_same_v<Y, uint16_t>) {  // only bf16 rows are normalised (combine_pairs)
+    if (normed) {
+      launch_overlapping(combine_kernel<Y, true>, grid, dim3(kCombineThreads), 0, stream, y, pairs,
+                         n, k, hidden, vectors, disabled_expert, out, norm);
+      EKVA_CUDA_CHECK(cudaGetLastError());
+      return;
+    }
+  }
+  launch_overlapping(combine_kernel<Y, false>, grid, dim3(kCombineThreads), 0, stream, y, pairs, n,
+                     k, hidden, vectors, disabled_expert, out, norm);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -1137,12 +1191,12 @@ void launch_combine(const Y* y, const MoePairs& pairs, int n, int k, int hidden,
 
 void combine_pairs(const float* y, const MoePairs& pairs, int n, int k, int hidden,
                    int disabled_expert, float* out, cudaStream_t stream) {
-  launch_combine(y, pairs, n, k, hidden, disabled_expert, out, stream);
+  launch_combine(y, pairs, n, k, hidden, disabled_expert, out, ResidualNorm{}, stream);
 }
 
 void combine_pairs(const uint16_t* y, const MoePairs& pairs, int n, int k, int hidden,
-                   int disabled_expert, float* out, cudaStream_t stream) {
-  launch_combine(y, pairs, n, k, hidden, disabled_expert, out, stream);
+                   int disabled_expert, float* out, const ResidualNorm& norm, cudaStream_t stream) {
+  launch_combine(y, pairs, n, k, hidden, disabled_expert, out, norm, stream);
 }
 
 }  // namespace ekva::cuda

@@ -237,9 +237,29 @@ void run_case(const Case& c, uint32_t seed) {
       rounded.out = nullptr;
       rounded.out_bf16 = rows.data();
       grouped_gemm(rounded, p, c.tokens, c.top_k, c.num_experts, nullptr);
-      combine_pairs(rows.data(), p, c.tokens, c.top_k, c.out_rows, disabled, combined.data(),
+      combine_pairs(rows.data(), p, c.tokens, c.top_k, c.out_rows, disabled, combined.data(), {},
                     nullptr);
       EKVA_CUDA_CHECK(cudaDeviceSynchronize());
+      // The same sum added to a residual and normalised in the same kernel: bit for bit what
+      // add_rms_norm gives after it (one expression forms each element; only the order of the
+      // double sum of squares differs).
+      {
+        std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+        std::vector<float> residual(static_cast<size_t>(c.tokens) * c.out_rows), norm_w(c.out_rows);
+        for (float& v : residual) v = value(rng);
+        for (float& v : norm_w) v = 1.0f + 0.5f * value(rng);
+        DeviceBuffer<float> separate{std::span<const float>(residual)},
+            fused{std::span<const float>(residual)}, norm_d{std::span<const float>(norm_w)};
+        DeviceBuffer<uint16_t> separate_bf16(residual.size()), fused_bf16(residual.size());
+        constexpr float kEps = 1e-6f;
+        add_rms_norm(separate.data(), combined.data(), c.tokens, c.out_rows, norm_d.data(), kEps,
+                     nullptr, separate_bf16.data(), nullptr);
+        combine_pairs(rows.data(), p, c.tokens, c.top_k, c.out_rows, disabled, fused.data(),
+                      ResidualNorm{norm_d.data(), kEps, fused_bf16.data()}, nullptr);
+        EKVA_CUDA_CHECK(cudaDeviceSynchronize());
+        EXPECT_EQ(fused.download(), separate.download());
+        EXPECT_EQ(fused_bf16.download(), separate_bf16.download());
+      }
       const std::vector<uint16_t> got_rows = rows.download();
       for (size_t at = 0; at < got_rows.size(); ++at) {
         // One bf16 rounding of a float32 sum.
@@ -291,7 +311,12 @@ TEST_F(GroupedGemmTest, CombineRefusesTopKAbove32) {
   const uint16_t* bf16_rows = nullptr;
   EXPECT_THROW(combine_pairs(rows, MoePairs{}, 1, 33, 64, -1, nullptr, nullptr), Error);
   EXPECT_THROW(combine_pairs(rows, MoePairs{}, 1, 0, 64, -1, nullptr, nullptr), Error);
-  EXPECT_THROW(combine_pairs(bf16_rows, MoePairs{}, 1, 33, 64, -1, nullptr, nullptr), Error);
+  EXPECT_THROW(combine_pairs(bf16_rows, MoePairs{}, 1, 33, 64, -1, nullptr, {}, nullptr), Error);
+  // A norm needs its bf16 output.
+  const float norm_weight = 1.0f;
+  EXPECT_THROW(combine_pairs(bf16_rows, MoePairs{}, 1, 2, 64, -1, nullptr,
+                             ResidualNorm{&norm_weight, 1e-6f, nullptr}, nullptr),
+               Error);
 }
 
 TEST_F(GroupedGemmTest, FineGrainedExpertsOddSizes) {
@@ -343,6 +368,7 @@ TEST_F(GroupedGemmTest, WideGroupsOfPromptSizedSteps) {
   ASSERT_EQ(moe_group_tokens(1000, 1, 4), kWideGroupTokens);
   run_case({4, 1, 1000, 200, 328}, 15);
   run_case({16, 2, 700, 136, 1000}, 16);
+  run_case({4, 1, 1000, 203, 136}, 20);  // rows of an odd length: combine's columns one by one
   ASSERT_EQ(moe_group_tokens(255, 1, 4), kMaxGroupedTokens);
   ASSERT_EQ(moe_group_tokens(256, 1, 4), kWideGroupTokens);
   run_case({4, 1, 255, 130, 72}, 17);
