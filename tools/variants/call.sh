@@ -6,8 +6,8 @@
 #   CHECK    variants whose CUDA suite runs, filtered by FILTER (job.sh check)
 #   DUR      variants whose prompt kernels Nsight Compute times (job.sh durations) on each of
 #            DUR_MODELS (default qwen3-30b-a3b)
-#   TIME     variants alternating in whole prompts (job.sh time, DECODE=0) of each of MODELS
-#            (default qwen3-30b-a3b)
+#   TIME     variants alternating in whole prompts (job.sh time, DECODE=0; PROMPT_ROUNDS rounds,
+#            default 2) of each of MODELS (default qwen3-30b-a3b)
 #   STEPS    variants alternating in batch-1 steps at context 4k (job.sh time, PROMPTS=0) of each
 #            of MODELS (default: none)
 #   SAN      VARIANT:FILTER pairs for racecheck and memcheck (job.sh sanitize; default: none)
@@ -28,6 +28,8 @@ set -u
 res=${OUT:?OUT names the folder whose files come back}
 [ -d build-next/device-all ] || { echo "call.sh: no build-next/device-all (tools/variants/build.sh makes it; carry build-next)" >&2; exit 2; }
 export OUT=/tmp/call-results
+# A warm machine still holds the last call's results: they would come back again with this one's.
+rm -rf "$OUT"
 mkdir -p "$OUT"
 J="bash tools/variants/job.sh"
 built=$(cd build-next && ls -d */ | tr -d / | grep -v '^device-all$' | tr '\n' ' ')

@@ -40,7 +40,7 @@
 #                                        # launch of cuda_decode_attention_bench --only B L)
 # MODEL: a directory of tests/fixtures/configs (qwen3-30b-a3b, olmoe-1b-7b, mixtral-8x7b), or one
 # followed by @N: that model's first N layers (mixtral-8x7b@16 fits an H100). ROUNDS (default 2):
-# the decode rounds of time. VARIANTS
+# the decode rounds of time; PROMPT_ROUNDS (default 2) its prompt rounds. VARIANTS
 # (default: base and every variant built) picks and orders them. Results go to $OUT;
 # tools/variants/summarize.py turns them into tables.
 set -u
@@ -114,7 +114,7 @@ sanitize)
 time)
   m=${2:?time needs a model directory of tests/fixtures/configs}
   n=$(prompt_tokens "$m")
-  for round in $([ "${PROMPTS:-1}" = 0 ] || echo 1 2); do
+  for round in $([ "${PROMPTS:-1}" = 0 ] || seq "${PROMPT_ROUNDS:-2}"); do
     for v in $variants; do
       $R "$(bin $v ekva)" bench $(model_args "$m") --context 16 --steps 3 --warmup 1 --prompt $n \
         > "$OUT/prompt-$m-$v-$round.json" 2> "$OUT/prompt-$m-$v-$round.err"
