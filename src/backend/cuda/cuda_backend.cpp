@@ -551,13 +551,13 @@ bool CudaBackend::grouped_experts(int layer, int n, const int32_t* experts, cons
     return false;
   }
   if (wide) {  // y's floats hold the bf16 rows twice over
-    const bool normed = next_norm.weight != nullptr;
+    const bool into_residual = next_norm.weight != nullptr;
     down.out = nullptr;
     down.out_bf16 = reinterpret_cast<uint16_t*>(y);
     product(down);
-    combine_pairs(down.out_bf16, p, n, k, hidden, disabled, normed ? x_.data() : delta, next_norm,
-                  stream_);
-    return normed;
+    combine_pairs(down.out_bf16, p, n, k, hidden, disabled, into_residual ? x_.data() : delta,
+                  next_norm, stream_);
+    return into_residual;
   }
   product(down);
   combine_pairs(y, p, n, k, hidden, disabled, delta, stream_);
@@ -818,12 +818,12 @@ void CudaBackend::forward(const StepPlan& plan, KvLayout& layout, ForwardObserve
   const bool host_reads_queries = observer != nullptr && observer->reads_kv();
   // Each residual add (of the block before) runs in the norm that follows it, or the experts'
   // sum runs both (moe_block).
-  bool normed = false;
+  bool block_normalised = false;  // the last MoE block ran the next norm (moe_block)
   for (int l = 0; l < s.num_layers; ++l) {
     const DeviceLayer& D = w.layer(l);
     if (l == 0) {
       rms_norm(x, n, hidden, D.attn_norm.data(), eps, nullptr, x_bf16_.data(), stream_);
-    } else if (!normed) {
+    } else if (!block_normalised) {
       add_rms_norm(x, delta_.data(), n, hidden, D.attn_norm.data(), eps, nullptr, x_bf16_.data(),
                    stream_);
     }
@@ -832,10 +832,10 @@ void CudaBackend::forward(const StepPlan& plan, KvLayout& layout, ForwardObserve
                  x_bf16_.data(), stream_);
     const float* next_norm =
         l + 1 < s.num_layers ? w.layer(l + 1).attn_norm.data() : w.final_norm().data();
-    normed = moe_block(l, moe_index, plan, layout, observer, next_norm);
+    block_normalised = moe_block(l, moe_index, plan, layout, observer, next_norm);
     if (s.layer_is_moe[l]) ++moe_index;
   }
-  if (!normed) {
+  if (!block_normalised) {
     add_rms_norm(x, delta_.data(), n, hidden, w.final_norm().data(), eps, nullptr, x_bf16_.data(),
                  stream_);
   }
