@@ -1,5 +1,7 @@
 #include "backend/cuda/cuda_check.h"
 
+#include <cstdint>
+
 #include "core/error.h"
 
 namespace ekva::cuda {
@@ -31,6 +33,13 @@ void check(cudaError_t status, const char* call, const char* file, int line) {
   if (status == cudaSuccess) return;
   fail(error_kind(status), "CUDA error at {}:{}: {} failed: {} ({})", file, line, call,
        cudaGetErrorString(status), cudaGetErrorName(status));
+}
+
+void check_aligned(const void* p, size_t bytes, const char* op, const char* what) {
+  if (reinterpret_cast<uintptr_t>(p) % bytes != 0) {
+    fail(ErrorKind::kInvalidArgument, "{}: {} must be {}-byte aligned (got {})", op, what, bytes,
+         fmt::ptr(p));
+  }
 }
 
 bool device_available() {

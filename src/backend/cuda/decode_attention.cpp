@@ -25,15 +25,6 @@ size_t align_up(size_t bytes) {
   return (bytes + 255) / 256 * 256;
 }
 
-// The kernels copy and prefetch the pool in 16-byte units, read q as bf16 pairs, write out as bf16
-// quads, and read the schedule and the partials as 16-byte vectors.
-void check_aligned(const void* p, size_t bytes, const char* what) {
-  if (reinterpret_cast<uintptr_t>(p) % bytes != 0) {
-    fail(ErrorKind::kInvalidArgument, "CUDA decode attention: {} must be {}-byte aligned (got {})",
-         what, bytes, fmt::ptr(p));
-  }
-}
-
 // Greedy: CTAs filled in order up to `quota` tiles, a piece that follows another in the same CTA
 // costing DecodeSchedule::kPieceEndTiles more.
 DecodeSchedule schedule_with_quota(std::span<const int32_t> lengths, int64_t quota) {
@@ -230,8 +221,8 @@ void DecodeAttentionPlan::upload(void* schedule, void* scratch, cudaStream_t str
   if (schedule == nullptr || scratch == nullptr) {
     fail(ErrorKind::kInvalidArgument, "CUDA decode attention: upload needs a schedule and scratch");
   }
-  check_aligned(schedule, 16, "the schedule");
-  check_aligned(scratch, 16, "the scratch");
+  check_aligned(schedule, 16, "CUDA decode attention", "the schedule");
+  check_aligned(scratch, 16, "CUDA decode attention", "the scratch");
   EKVA_CUDA_CHECK(cudaMemcpyAsync(schedule, schedule_.data(), schedule_bytes(),
                                   cudaMemcpyHostToDevice, stream));
   const size_t num_segments = static_cast<size_t>(shape_.num_sequences) * shape_.num_kv_heads;
@@ -254,11 +245,13 @@ void DecodeAttentionPlan::run(const PagedKvLayer& kv, const uint16_t* q, uint16_
     fail(ErrorKind::kInvalidArgument,
          "CUDA decode attention: pool, block tables, q, out, schedule and scratch must be set");
   }
-  check_aligned(kv.pool, 16, "the pool");
-  check_aligned(q, 4, "q");
-  check_aligned(out, 8, "out");
-  check_aligned(schedule, 16, "the schedule");
-  check_aligned(scratch, 16, "the scratch");
+  // The kernels copy and prefetch the pool in 16-byte units, read q as bf16 pairs, write out as
+  // bf16 quads, and read the schedule and the partials as 16-byte vectors.
+  check_aligned(kv.pool, 16, "CUDA decode attention", "the pool");
+  check_aligned(q, 4, "CUDA decode attention", "q");
+  check_aligned(out, 8, "CUDA decode attention", "out");
+  check_aligned(schedule, 16, "CUDA decode attention", "the schedule");
+  check_aligned(scratch, 16, "CUDA decode attention", "the scratch");
   if (shape_.with_scores != (scores != nullptr)) {
     fail(ErrorKind::kInvalidArgument,
          "CUDA decode attention: scores must be given exactly when the plan has with_scores");

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <utility>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
@@ -56,6 +57,18 @@ void append_kv(const PagedKvLayer& kv, const KvAppend& append, cudaStream_t stre
          "queries {})",
          append.q_norm != nullptr, append.k_norm != nullptr, append.queries != nullptr);
   }
+  // The kernel reads a row's halves and its rotations and norm weights as 16-byte vectors and
+  // writes bf16 quads.
+  for (const auto& [p, what] : {std::pair<const void*, const char*>{append.keys, "keys"},
+                                {append.values, "values"},
+                                {append.queries, "queries"},
+                                {append.rotations, "rotations"},
+                                {append.q_norm, "q_norm"},
+                                {append.k_norm, "k_norm"}}) {
+    check_aligned(p, 16, "append_kv", what);
+  }
+  check_aligned(append.query_rows_bf16, 8, "append_kv", "query_rows_bf16");
+  check_aligned(kv.pool, 8, "append_kv", "the pool");
   launch_append_kv({kv.pool,
                     kv.meta,
                     kv.page_ids,

@@ -13,12 +13,21 @@
 namespace ekva::cuda {
 namespace {
 
-// One warp per (token, KV head) row, then per (token, query head) row, a lane per rotary pair at
-// a time. With norm weights a row is first normalised as rms_norm_kernel normalises one (the sum
-// of squares in double, then x * inv * weight rounded step by step), so that QK-norm takes no
-// launch of its own.
+// A team of lanes per (token, KV head) row, then per (token, query head) row, each lane holding
+// kAppendPairsPerLane rotary pairs of the row as 16-byte loads of each half; teams are a power of
+// two of lanes, so several rows share a warp and a row's sum of squares reduces by xor shuffles
+// within its team. A prompt's rows are bound by the loads in flight, which registers limit: a warp
+// of one lane per pair and one row at a time, or four pairs a lane, kept fewer rows in flight per
+// multiprocessor than eight pairs a lane (docs/BENCHMARKS.md, session 34). With norm weights a row
+// is first normalised as rms_norm_kernel normalises one (the sum of squares in double, then x *
+// inv * weight rounded step by step), so that QK-norm takes no launch of its own.
 constexpr int kAppendWarps = 8;
-constexpr int kAppendPairsPerLane = 2;  // head_dim up to 128 (check_layer)
+constexpr int kAppendPairsPerLane = 8;
+__host__ __device__ constexpr int append_team_lanes(int head_dim) {
+  int team = 1;
+  while (team * kAppendPairsPerLane < head_dim / 2) team *= 2;
+  return team;
+}
 // What a row looks up in the host-written step inputs: its position, and for a key row its slot's
 // pool row (skip: a slot past the segment's table, which the host never plans); for a query row
 // with bf16 query rows, the row they go to.
@@ -51,103 +60,145 @@ __device__ AppendTarget append_target(const AppendLaunch& p, bool is_key, int64_
 }
 
 __global__ void __launch_bounds__(kAppendWarps * 32) append_kv_kernel(const AppendLaunch p) {
+  constexpr int P = kAppendPairsPerLane;
   const int d = p.head_dim, half = d / 2, lane = threadIdx.x % 32;
+  const int team = append_team_lanes(d);
+  const int rows_per_warp = 32 / team;
+  const int pair0 = lane % team * P;  // teams rounded up to a power of two may have idle lanes
   const int64_t kv_rows = static_cast<int64_t>(p.count) * p.num_kv_heads;
   const int64_t rows = kv_rows + static_cast<int64_t>(p.count) * p.num_q_heads;
   const auto row_token = [&](int64_t row_head, bool is_key) {
     return static_cast<int>(row_head / (is_key ? p.num_kv_heads : p.num_q_heads));
   };
-  const int64_t first_row = blockIdx.x * static_cast<int64_t>(kAppendWarps) + threadIdx.x / 32;
+  const int64_t warp_first =
+      (blockIdx.x * static_cast<int64_t>(kAppendWarps) + threadIdx.x / 32) * rows_per_warp;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kAppendWarps * rows_per_warp;
+  const int64_t team_offset = lane / team;
   // The host writes the positions, slots and block tables before the step's first kernel: the
-  // chain of lookups of the warp's first row (a decode step's only one) runs while the kernel
+  // chain of lookups of the team's first row (a decode step's only one) runs while the kernel
   // before finishes.
   AppendTarget first;
-  if (first_row < rows) {
-    const bool is_key = first_row < kv_rows;
-    const int64_t row_head = is_key ? first_row : first_row - kv_rows;
+  if (warp_first + team_offset < rows) {
+    const int64_t r = warp_first + team_offset;
+    const bool is_key = r < kv_rows;
+    const int64_t row_head = is_key ? r : r - kv_rows;
     first = append_target(p, is_key, row_head, row_token(row_head, is_key));
   }
   follow_prior_grid();
-  for (int64_t r = first_row; r < rows; r += static_cast<int64_t>(gridDim.x) * kAppendWarps) {
+  // The bound is the warp's, so that every lane reaches the team's shuffles.
+  for (int64_t w = warp_first; w < rows; w += stride) {
+    const int64_t r = w + team_offset;
+    const bool in_range = r < rows;
     const bool is_key = r < kv_rows;
     const int64_t row_head = is_key ? r : r - kv_rows;
-    const int token = row_token(row_head, is_key);
+    const int token = in_range ? row_token(row_head, is_key) : 0;
     float* query = is_key ? nullptr : p.queries + row_head * d;
     const float* x = is_key ? p.keys + row_head * d : query;
-    // The row's loads are issued before a later row's lookups and before anything is stored (the
-    // queries are rotated in place).
-    float a[kAppendPairsPerLane] = {}, b[kAppendPairsPerLane] = {}, va[kAppendPairsPerLane] = {},
-          vb[kAppendPairsPerLane] = {};
-    float2 rotation[kAppendPairsPerLane] = {};
-    // The norm weights too: loaded after the sum of squares, they were a second round trip.
     const float* norm = is_key ? p.k_norm : p.q_norm;
-    float na[kAppendPairsPerLane] = {}, nb[kAppendPairsPerLane] = {};
+    // The row's loads are issued before a later row's lookups and before anything is stored (the
+    // queries are rotated in place); the norm weights too: loaded after the sum of squares, they
+    // were a second round trip.
+    float a[P] = {}, b[P] = {}, va[P] = {}, vb[P] = {}, na[P] = {}, nb[P] = {};
+    float2 rotation[P] = {};
+    // A lane's pairs are 16-byte chunks of each half; a chunk past the half (a team of one lane
+    // holding more pairs than the row has) is neither read nor written.
+    const auto chunk_held = [&](int c) { return in_range && pair0 + 4 * c < half; };
+    const auto load = [&](const float* src, float(&dst)[P]) {
 #pragma unroll
-    for (int k = 0; k < kAppendPairsPerLane; ++k) {
-      const int pair = lane + 32 * k;
-      if (pair >= half) continue;
-      a[k] = x[pair];
-      b[k] = x[pair + half];
-      rotation[k] = p.rotations[static_cast<int64_t>(token) * half + pair];
-      if (norm != nullptr) {
-        na[k] = norm[pair];
-        nb[k] = norm[pair + half];
+      for (int c = 0; c < P / 4; ++c) {
+        if (!chunk_held(c)) continue;
+        const float4 v = reinterpret_cast<const float4*>(src)[c];
+        dst[4 * c] = v.x;
+        dst[4 * c + 1] = v.y;
+        dst[4 * c + 2] = v.z;
+        dst[4 * c + 3] = v.w;
       }
-      if (is_key) {
-        va[k] = p.values[row_head * d + pair];
-        vb[k] = p.values[row_head * d + pair + half];
-      }
+    };
+    load(x + pair0, a);
+    load(x + half + pair0, b);
+#pragma unroll
+    for (int c = 0; c < P / 4; ++c) {
+      if (!chunk_held(c)) continue;
+      const float4* cs = reinterpret_cast<const float4*>(
+          p.rotations + static_cast<int64_t>(token) * half + pair0 + 4 * c);
+      const float4 lo = cs[0], hi = cs[1];
+      rotation[4 * c] = make_float2(lo.x, lo.y);
+      rotation[4 * c + 1] = make_float2(lo.z, lo.w);
+      rotation[4 * c + 2] = make_float2(hi.x, hi.y);
+      rotation[4 * c + 3] = make_float2(hi.z, hi.w);
     }
-    const AppendTarget target = r == first_row ? first : append_target(p, is_key, row_head, token);
-    if (target.skip) continue;  // uniform over the warp
-    const int64_t pool_index = target.pool_index;
-    const int segment = target.segment, slot = target.slot;
-    uint16_t* key = is_key ? p.pool + key_offset(pool_index, p.page_size, d) : nullptr;
-    float inv = 1.0f;
     if (norm != nullptr) {
+      load(norm + pair0, na);
+      load(norm + half + pair0, nb);
+    }
+    if (is_key) {
+      load(p.values + row_head * d + pair0, va);
+      load(p.values + row_head * d + half + pair0, vb);
+    }
+    AppendTarget target;
+    if (in_range) target = w == warp_first ? first : append_target(p, is_key, row_head, token);
+    float inv = 1.0f;
+    if (p.q_norm != nullptr) {  // both norms or neither (append_kv): uniform over the warp
       double ss = 0.0;
 #pragma unroll
-      for (int k = 0; k < kAppendPairsPerLane; ++k) {
+      for (int k = 0; k < P; ++k) {
         ss += static_cast<double>(a[k]) * a[k] + static_cast<double>(b[k]) * b[k];
       }
-      for (int offset = 16; offset > 0; offset /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, offset);
+      for (int offset = team / 2; offset > 0; offset /= 2) {
+        ss += __shfl_xor_sync(0xffffffffu, ss, offset);
+      }
       inv = static_cast<float>(1.0 / sqrt(ss / d + static_cast<double>(p.norm_eps)));
     }
-    const int position = target.position;
+    if (!in_range || target.skip) continue;  // uniform over the team
 #pragma unroll
-    for (int k = 0; k < kAppendPairsPerLane; ++k) {
-      const int pair = lane + 32 * k;
-      if (pair >= half) continue;
+    for (int k = 0; k < P; ++k) {
       if (norm != nullptr) {
         a[k] = __fmul_rn(__fmul_rn(a[k], inv), na[k]);
         b[k] = __fmul_rn(__fmul_rn(b[k], inv), nb[k]);
       }
       const float2 rotated = rope_rotate(a[k], b[k], rotation[k]);
-      if (is_key) {
-        uint16_t* value = key + static_cast<int64_t>(p.page_size) * d;
-        key[pair] = to_bf16_bits(rotated.x);
-        key[pair + half] = to_bf16_bits(rotated.y);
-        value[pair] = to_bf16_bits(va[k]);
-        value[pair + half] = to_bf16_bits(vb[k]);
-        continue;
+      a[k] = rotated.x;
+      b[k] = rotated.y;
+    }
+    const auto store_bf16 = [&](uint16_t* dst, const float(&v)[P]) {
+#pragma unroll
+      for (int c = 0; c < P / 4; ++c) {
+        if (!chunk_held(c)) continue;
+        reinterpret_cast<uint2*>(dst)[c] =
+            make_uint2(pack_bf16(v[4 * c], v[4 * c + 1]), pack_bf16(v[4 * c + 2], v[4 * c + 3]));
       }
+    };
+    if (is_key) {
+      uint16_t* key = p.pool + key_offset(target.pool_index, p.page_size, d);
+      uint16_t* value = key + static_cast<int64_t>(p.page_size) * d;
+      store_bf16(key + pair0, a);
+      store_bf16(key + half + pair0, b);
+      store_bf16(value + pair0, va);
+      store_bf16(value + half + pair0, vb);
+    } else {
       if (p.queries_in_place) {
-        query[pair] = rotated.x;
-        query[pair + half] = rotated.y;
+#pragma unroll
+        for (int c = 0; c < P / 4; ++c) {
+          if (!chunk_held(c)) continue;
+          reinterpret_cast<float4*>(query + pair0)[c] =
+              make_float4(a[4 * c], a[4 * c + 1], a[4 * c + 2], a[4 * c + 3]);
+          reinterpret_cast<float4*>(query + half + pair0)[c] =
+              make_float4(b[4 * c], b[4 * c + 1], b[4 * c + 2], b[4 * c + 3]);
+        }
       }
       if (p.query_rows_bf16 != nullptr) {
         uint16_t* out = p.query_rows_bf16 + target.query_row * d;
-        out[pair] = to_bf16_bits(rotated.x);
-        out[pair + half] = to_bf16_bits(rotated.y);
+        store_bf16(out + pair0, a);
+        store_bf16(out + half + pair0, b);
       }
     }
-    if (is_key && lane == 0) {
+    if (is_key && lane % team == 0) {
       if (p.meta != nullptr) {
         TokenMeta meta;  // routing and score are unknown until later
-        meta.position = position;
-        p.meta[pool_index] = meta;
+        meta.position = target.position;
+        p.meta[target.pool_index] = meta;
       }
-      atomicMax(p.lengths + segment, slot + 1);
+      atomicMax(p.lengths + target.segment, target.slot + 1);
     }
   }
 }
@@ -547,8 +598,10 @@ int grid_for(int64_t work, int threads) {
 void launch_append_kv(const AppendLaunch& launch, cudaStream_t stream) {
   const int64_t rows =
       static_cast<int64_t>(launch.count) * (launch.num_kv_heads + launch.num_q_heads);
+  const int64_t rows_per_block =
+      static_cast<int64_t>(kAppendWarps) * (32 / append_team_lanes(launch.head_dim));
   const int blocks =
-      static_cast<int>(std::min<int64_t>((rows + kAppendWarps - 1) / kAppendWarps, 8192));
+      static_cast<int>(std::min<int64_t>((rows + rows_per_block - 1) / rows_per_block, 8192));
   launch_overlapping(append_kv_kernel, dim3(blocks), dim3(kAppendWarps * 32), 0, stream, launch);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }

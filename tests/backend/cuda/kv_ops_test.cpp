@@ -39,7 +39,8 @@ bool within_one_ulp(uint16_t a, uint16_t b) {
 // tensor-core attention reads them.
 TEST_F(KvOpsTest, AppendAppliesRopeLikeCpu) {
   for (const auto& [head_dim, with_norm] :
-       {std::pair{64, false}, std::pair{128, false}, std::pair{128, true}, std::pair{32, true}}) {
+       {std::pair{64, false}, std::pair{128, false}, std::pair{128, true}, std::pair{32, true},
+        std::pair{96, true}, std::pair{8, false}}) {
     SCOPED_TRACE(::testing::Message() << "head_dim " << head_dim << " QK-norm " << with_norm);
     std::mt19937 rng(7 + head_dim);
     const int num_sequences = 5, num_kv_heads = 3, page_size = 16;
@@ -387,6 +388,22 @@ TEST(KvOpsHostTest, RejectsBadArguments) {
   nowhere.q_norm = nullptr;
   nowhere.queries_in_place = false;
   EXPECT_THROW(append_kv(layer, nowhere, nullptr), Error);
+  // The kernel reads rows as 16-byte vectors: a row pointer off that alignment is named.
+  alignas(16) float rows[8] = {};
+  alignas(16) float2 rotations[4] = {};
+  KvAppend misaligned;
+  misaligned.keys = rows + 1;
+  misaligned.values = rows;
+  misaligned.rotations = rotations;
+  misaligned.sequences = misaligned.positions = misaligned.slots = &ints;
+  misaligned.count = 1;
+  try {
+    append_kv(layer, misaligned, nullptr);
+    ADD_FAILURE() << "keys off 16-byte alignment were accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("keys must be 16-byte aligned"), std::string::npos)
+        << e.what();
+  }
   EXPECT_THROW(rope_rotations(&ints, 1, nullptr, 4, 1.0f, &rotation, nullptr), Error);
   EXPECT_THROW(evict_flagged(empty, nullptr, 16, nullptr, nullptr), Error);
   DecodeEvictions too_many;
