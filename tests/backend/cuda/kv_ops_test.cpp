@@ -369,6 +369,14 @@ TEST(KvOpsHostTest, RejectsBadArguments) {
   float floats = 0.0f;
   float2 rotation{};
   PagedKvLayer layer{&pool, nullptr, &ints, &ints, &ints, 1, 1, 8, 1};
+  const auto expect_refusal = [&](const KvAppend& append, const std::string& needle) {
+    try {
+      append_kv(layer, append, nullptr);
+      ADD_FAILURE() << "accepted: " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
   KvAppend one_norm;
   one_norm.keys = one_norm.values = &floats;
   one_norm.rotations = &rotation;
@@ -377,13 +385,7 @@ TEST(KvOpsHostTest, RejectsBadArguments) {
   one_norm.queries = &floats;
   one_norm.num_q_heads = 1;
   one_norm.q_norm = &floats;
-  try {
-    append_kv(layer, one_norm, nullptr);
-    ADD_FAILURE() << "QK-norm with query weights alone was accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("QK-norm needs both norm weights"), std::string::npos)
-        << e.what();
-  }
+  expect_refusal(one_norm, "QK-norm needs both norm weights");
   KvAppend nowhere = one_norm;
   nowhere.q_norm = nullptr;
   nowhere.queries_in_place = false;
@@ -397,13 +399,7 @@ TEST(KvOpsHostTest, RejectsBadArguments) {
   misaligned.rotations = rotations;
   misaligned.sequences = misaligned.positions = misaligned.slots = &ints;
   misaligned.count = 1;
-  try {
-    append_kv(layer, misaligned, nullptr);
-    ADD_FAILURE() << "keys off 16-byte alignment were accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("keys must be 16-byte aligned"), std::string::npos)
-        << e.what();
-  }
+  expect_refusal(misaligned, "keys must be 16-byte aligned");
   EXPECT_THROW(rope_rotations(&ints, 1, nullptr, 4, 1.0f, &rotation, nullptr), Error);
   EXPECT_THROW(evict_flagged(empty, nullptr, 16, nullptr, nullptr), Error);
   DecodeEvictions too_many;
