@@ -3,7 +3,7 @@
 
     CUDA_INJECTION64_PATH=BUILD/tools/kernel_trace/libekva_kernel_trace.so \\
         EKVA_KERNEL_TRACE=trace.csv ekva bench ... --batch 1 ...
-    tools/kernel_trace_summary.py trace.csv --layers 48
+    tools/kernel_trace_summary.py trace.csv --layers 48    (or trace.csv.gz)
 
 Each graph (one per step shape that `ekva bench` captured) is replayed several times; a replay is
 found by its first node coming round again. Per replay, the time from the first kernel's start to
@@ -28,6 +28,7 @@ long after a replay's end the next one starts (under the trace, which adds host 
 import argparse
 import collections
 import csv
+import gzip
 import re
 import statistics
 import sys
@@ -92,23 +93,28 @@ def main():
     eager = []
     columns = {"start_ns", "end_ns", "graph_id", "graph_node_id", "grid", "name"}
     try:
-        f = open(args.csv)
-    except OSError as e:
-        sys.exit(f"kernel_trace_summary: cannot read {args.csv}: {e.strerror}")
-    with f:
-        reader = csv.DictReader(f)
-        missing = columns - set(reader.fieldnames or [])
-        if missing:
-            sys.exit(f"kernel_trace_summary: {args.csv} is not a kernel_trace CSV "
-                     f"(no column {', '.join(sorted(missing))})")
-        for row in reader:
-            kernel = {"start": int(row["start_ns"]), "end": int(row["end_ns"]),
-                      "node": int(row["graph_node_id"]),
-                      "name": f'{short_name(row["name"])} grid {row["grid"]}'}
-            if row["graph_id"] == "0":
-                eager.append(kernel)
-            else:
-                graphs[int(row["graph_id"])].append(kernel)
+        # job.sh brings traces back gzip-compressed (trace-*.csv.gz).
+        with gzip.open(args.csv, "rt") if args.csv.endswith(".gz") else open(args.csv) as f:
+            reader = csv.DictReader(f)
+            missing = columns - set(reader.fieldnames or [])
+            if missing:
+                sys.exit(f"kernel_trace_summary: {args.csv} is not a kernel_trace CSV "
+                         f"(no column {', '.join(sorted(missing))})")
+            for line, row in enumerate(reader, start=2):
+                try:
+                    kernel = {"start": int(row["start_ns"]), "end": int(row["end_ns"]),
+                              "node": int(row["graph_node_id"]),
+                              "name": f'{short_name(row["name"])} grid {row["grid"]}'}
+                    graph = int(row["graph_id"])
+                except (TypeError, ValueError):
+                    sys.exit(f"kernel_trace_summary: {args.csv}: line {line} is not a kernel "
+                             "(integer start_ns, end_ns, graph_id and graph_node_id)")
+                if graph == 0:
+                    eager.append(kernel)
+                else:
+                    graphs[graph].append(kernel)
+    except (OSError, UnicodeDecodeError) as e:
+        sys.exit(f"kernel_trace_summary: cannot read {args.csv}: {e}")
     for graph_id in sorted(graphs):
         kernels = sorted(graphs[graph_id], key=lambda k: k["start"])
         runs = replays(kernels)
