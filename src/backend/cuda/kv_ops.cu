@@ -19,8 +19,8 @@ namespace {
 // within its team. A prompt's rows are bound by the loads in flight, which registers limit: a warp
 // of one lane per pair and one row at a time, or four pairs a lane, kept fewer rows in flight per
 // multiprocessor than eight pairs a lane (docs/BENCHMARKS.md, session 34). With norm weights a row
-// is first normalised as rms_norm_kernel normalises one (the sum of squares in double, then x *
-// inv * weight rounded step by step), so that QK-norm takes no launch of its own.
+// is first normalised with rms_norm_kernel's expressions (inverse_rms of the sum of squares in
+// double, rms_normed), so that QK-norm takes no launch of its own.
 constexpr int kAppendWarps = 8;
 constexpr int kAppendPairsPerLane = 8;
 __host__ __device__ constexpr int append_team_lanes(int head_dim) {
@@ -92,8 +92,9 @@ __global__ void __launch_bounds__(kAppendWarps * 32) append_kv_kernel(const Appe
     const bool is_key = r < kv_rows;
     const int64_t row_head = is_key ? r : r - kv_rows;
     const int token = in_range ? row_token(row_head, is_key) : 0;
-    float* query = is_key ? nullptr : p.queries + row_head * d;
-    const float* x = is_key ? p.keys + row_head * d : query;
+    // A row past the end has no address (queries may be null when only keys are appended).
+    float* query = !in_range || is_key ? nullptr : p.queries + row_head * d;
+    const float* x = !in_range ? nullptr : is_key ? p.keys + row_head * d : query;
     const float* norm = is_key ? p.k_norm : p.q_norm;
     // The row's loads are issued before a later row's lookups and before anything is stored (the
     // queries are rotated in place); the norm weights too: loaded after the sum of squares, they
@@ -147,14 +148,14 @@ __global__ void __launch_bounds__(kAppendWarps * 32) append_kv_kernel(const Appe
       for (int offset = team / 2; offset > 0; offset /= 2) {
         ss += __shfl_xor_sync(0xffffffffu, ss, offset);
       }
-      inv = static_cast<float>(1.0 / sqrt(ss / d + static_cast<double>(p.norm_eps)));
+      inv = inverse_rms(ss, d, p.norm_eps);
     }
     if (!in_range || target.skip) continue;  // uniform over the team
 #pragma unroll
     for (int k = 0; k < P; ++k) {
       if (norm != nullptr) {
-        a[k] = __fmul_rn(__fmul_rn(a[k], inv), na[k]);
-        b[k] = __fmul_rn(__fmul_rn(b[k], inv), nb[k]);
+        a[k] = rms_normed(a[k], inv, na[k]);
+        b[k] = rms_normed(b[k], inv, nb[k]);
       }
       const float2 rotated = rope_rotate(a[k], b[k], rotation[k]);
       a[k] = rotated.x;
