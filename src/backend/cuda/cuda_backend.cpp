@@ -66,6 +66,7 @@ size_t step_workspace_bytes(const ModelSpec& s, int step_tokens, int num_sequenc
                              + s.num_experts            // router_logits_
                              + 2 * inter                // gate_up_
                              + 1                        // shared_weight_
+                             + 2                        // qk_inverse_rms_
                              + 2 * k                    // expert_gates_, pair_gates_
                              + moe_layers * k) +        // gates_
                         S * s.vocab_size;               // logits_
@@ -312,14 +313,19 @@ void CudaBackend::attention_block(int layer, const StepPlan& plan, bool decode_k
   if (D.k_bias.size() > 0) add_bias(k, D.k_bias.data(), n, s.kv_dim(), stream_);
   if (D.v_bias.size() > 0) add_bias(v, D.v_bias.data(), n, s.kv_dim(), stream_);
   const float eps = static_cast<float>(s.rms_eps);
-  // A per-head QK-norm runs in the append's launch, unless a clip comes between them.
-  const bool norm_in_append = s.qk_norm == QkNorm::kPerHead && !s.clip_qkv;
-  // k follows q in qkv_, so both norms run in one launch.
-  if (s.qk_norm == QkNorm::kPerHead && !norm_in_append) {
+  // QK-norm runs in the append's launch, unless a clip comes between them; a whole projection's
+  // with its rows' 1 / rms found before. k follows q in qkv_, so both norms run in one launch.
+  const bool norm_in_append = s.qk_norm != QkNorm::kNone && !s.clip_qkv;
+  const bool whole_projection = s.qk_norm == QkNorm::kWholeProjection;
+  float* inverse_rms = nullptr;
+  if (norm_in_append && whole_projection) {
+    inverse_rms = scratch(qk_inverse_rms_, 2 * static_cast<size_t>(n));
+    inverse_rms_pair(q, n, s.q_dim(), n, s.kv_dim(), eps, inverse_rms, stream_);
+  } else if (!norm_in_append && whole_projection) {
+    rms_norm_pair(q, n, s.q_dim(), D.q_norm.data(), n, s.kv_dim(), D.k_norm.data(), eps, stream_);
+  } else if (!norm_in_append && s.qk_norm == QkNorm::kPerHead) {
     rms_norm_pair(q, n * s.num_heads, d, D.q_norm.data(), n * s.num_kv_heads, d, D.k_norm.data(),
                   eps, stream_);
-  } else if (s.qk_norm == QkNorm::kWholeProjection) {
-    rms_norm_pair(q, n, s.q_dim(), D.q_norm.data(), n, s.kv_dim(), D.k_norm.data(), eps, stream_);
   }
   if (s.clip_qkv) {
     for (auto [p, count] : {std::pair{q, n * s.q_dim()}, std::pair{k, n * s.kv_dim()},
@@ -354,6 +360,7 @@ void CudaBackend::attention_block(int layer, const StepPlan& plan, bool decode_k
     append.q_norm = D.q_norm.data();
     append.k_norm = D.k_norm.data();
     append.norm_eps = eps;
+    append.projection_inverse_rms = inverse_rms;
   }
   append_kv(views_[layer], append, stream_);
   uint16_t* out = scratch(attn_bf16_, static_cast<size_t>(n) * s.q_dim());

@@ -171,6 +171,7 @@ class CudaBackend : public Backend {
   // qkv_: q [tokens, q_dim], then k and v [tokens, kv_dim] each.
   DeviceBuffer<float> x_, normed_, qkv_, delta_, gate_up_, y_, router_logits_, gates_,
       shared_weight_, logits_;
+  DeviceBuffer<float> qk_inverse_rms_;  // [2, tokens]: a whole projection's QK-norm (KvAppend)
   DeviceBuffer<uint16_t> x_bf16_, attn_bf16_, rows_bf16_, hidden_bf16_;
   DeviceBuffer<uint16_t> decode_q_, decode_out_;  // [sequences, query heads, head_dim]
   DeviceBuffer<uint16_t> prefill_q_;              // [tokens, query heads, head_dim]

@@ -79,6 +79,7 @@ struct AppendLaunch {
   const float* q_norm;  // KvAppend's, or null
   const float* k_norm;
   float norm_eps;
+  const float* projection_inverse_rms;  // KvAppend's, or null
 };
 void launch_append_kv(const AppendLaunch& launch, cudaStream_t stream);
 void launch_rope_rotations(const int32_t* positions, int count, const float* inv_freq, int half,

@@ -57,6 +57,10 @@ void append_kv(const PagedKvLayer& kv, const KvAppend& append, cudaStream_t stre
          "queries {})",
          append.q_norm != nullptr, append.k_norm != nullptr, append.queries != nullptr);
   }
+  if (append.projection_inverse_rms != nullptr && append.q_norm == nullptr) {
+    fail(ErrorKind::kInvalidArgument,
+         "append_kv: a whole projection's inverse RMS needs the QK-norm weights");
+  }
   // The kernel reads a row's halves and its rotations and norm weights as 16-byte vectors and
   // writes bf16 quads.
   for (const auto& [p, what] : {std::pair<const void*, const char*>{append.keys, "keys"},
@@ -68,6 +72,7 @@ void append_kv(const PagedKvLayer& kv, const KvAppend& append, cudaStream_t stre
     check_aligned(p, 16, "append_kv", what);
   }
   check_aligned(append.query_rows_bf16, 8, "append_kv", "query_rows_bf16");
+  check_aligned(append.projection_inverse_rms, 4, "append_kv", "projection_inverse_rms");
   check_aligned(kv.pool, 8, "append_kv", "the pool");
   launch_append_kv({kv.pool,
                     kv.meta,
@@ -91,7 +96,8 @@ void append_kv(const PagedKvLayer& kv, const KvAppend& append, cudaStream_t stre
                     append.query_rows_bf16,
                     append.q_norm,
                     append.k_norm,
-                    append.norm_eps},
+                    append.norm_eps,
+                    append.projection_inverse_rms},
                    stream);
 }
 

@@ -20,7 +20,9 @@ namespace {
 // of one lane per pair and one row at a time, or four pairs a lane, kept fewer rows in flight per
 // multiprocessor than eight pairs a lane (docs/BENCHMARKS.md, session 34). With norm weights a row
 // is first normalised with rms_norm_kernel's expressions (inverse_rms of the sum of squares in
-// double, rms_normed), so that QK-norm takes no launch of its own.
+// double, rms_normed), so that QK-norm takes no launch of its own; a norm over a token's whole
+// projection, which no head's row can form alone, takes the row's 1 / rms from inverse_rms_pair,
+// so that no normalised projection is written and read back.
 constexpr int kAppendWarps = 8;
 constexpr int kAppendPairsPerLane = 8;
 __host__ __device__ constexpr int append_team_lanes(int head_dim) {
@@ -96,6 +98,12 @@ __global__ void __launch_bounds__(kAppendWarps * 32) append_kv_kernel(const Appe
     float* query = !in_range || is_key ? nullptr : p.queries + row_head * d;
     const float* x = !in_range ? nullptr : is_key ? p.keys + row_head * d : query;
     const float* norm = is_key ? p.k_norm : p.q_norm;
+    const bool whole_projection = p.projection_inverse_rms != nullptr;  // uniform over the grid
+    // A whole projection's weights: the head's slice.
+    if (whole_projection && in_range) {
+      const int heads = is_key ? p.num_kv_heads : p.num_q_heads;
+      norm += (row_head - static_cast<int64_t>(token) * heads) * d;
+    }
     // The row's loads are issued before a later row's lookups and before anything is stored (the
     // queries are rotated in place); the norm weights too: loaded after the sum of squares, they
     // were a second round trip.
@@ -136,10 +144,13 @@ __global__ void __launch_bounds__(kAppendWarps * 32) append_kv_kernel(const Appe
       load(p.values + row_head * d + pair0, va);
       load(p.values + row_head * d + half + pair0, vb);
     }
+    float inv = 1.0f;
+    if (whole_projection && in_range) {
+      inv = p.projection_inverse_rms[is_key ? p.count + token : token];
+    }
     AppendTarget target;
     if (in_range) target = w == warp_first ? first : append_target(p, is_key, row_head, token);
-    float inv = 1.0f;
-    if (p.q_norm != nullptr) {  // both norms or neither (append_kv): uniform over the warp
+    if (!whole_projection && p.q_norm != nullptr) {  // both norms or neither: uniform
       double ss = 0.0;
 #pragma unroll
       for (int k = 0; k < P; ++k) {

@@ -38,6 +38,11 @@ struct KvAppend {
   const float* q_norm = nullptr;
   const float* k_norm = nullptr;
   float norm_eps = 0.0f;
+  // A norm over each token's whole query and key projections (OLMoE's QK-norm): [2 * count], the
+  // queries' 1 / rms of token t at t and the keys' at count + t (inverse_rms_pair). q_norm and
+  // k_norm are then [num_q_heads * head_dim] and [num_kv_heads * head_dim], each head taking its
+  // slice, and norm_eps is unused.
+  const float* projection_inverse_rms = nullptr;
 };
 
 // The rotary factors of a step's tokens, which every layer's append reads: rotations[t * half + i]

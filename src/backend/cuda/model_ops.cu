@@ -56,7 +56,7 @@ template <bool kAddDelta>
 __global__ void __launch_bounds__(kNormThreads)
     rms_norm_kernel(float* x, const float* delta, int first_rows, int total_rows, int first_dim,
                     const float* first_weight, int dim2, const float* weight2, float eps,
-                    float* out_f32, uint16_t* out_bf16) {
+                    float* out_f32, uint16_t* out_bf16, float* out_inverse_rms) {
   __shared__ double partial[kNormThreads / 32];
   const int r = blockIdx.x * blockDim.y + threadIdx.y;
   // Rows past first_rows are of a second array stored right after the first (keys after queries).
@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(kNormThreads)
 #pragma unroll
   for (int u = 0; u < kNormUnroll; ++u) {
     const int i = threadIdx.x + u * blockDim.x;
-    weight_ahead[u] = i < dim ? weight[i] : 0.0f;
+    weight_ahead[u] = i < dim && weight != nullptr ? weight[i] : 0.0f;
   }
   follow_prior_grid();
   const int64_t offset = second ? static_cast<int64_t>(first_rows) * first_dim +
@@ -112,6 +112,10 @@ __global__ void __launch_bounds__(kNormThreads)
   double total = 0.0;
   for (int w = 0; w < row_warps; ++w) total += partial[threadIdx.y * row_warps + w];
   const float inv = dim > 0 ? inverse_rms(total, dim, eps) : 0.0f;
+  if (out_inverse_rms != nullptr) {
+    if (dim > 0 && threadIdx.x == 0) out_inverse_rms[r] = inv;
+    return;
+  }
   const auto write = [&](int i, float value, float w) {
     const float y = rms_normed(value, inv, w);
     const int64_t at = offset + i;
@@ -131,13 +135,14 @@ __global__ void __launch_bounds__(kNormThreads)
 template <bool kAddDelta>
 void launch_rms_norm(float* x, const float* delta, int rows, int dim, const float* weight,
                      int rows2, int dim2, const float* weight2, float eps, float* out_f32,
-                     uint16_t* out_bf16, cudaStream_t stream) {
+                     uint16_t* out_bf16, float* out_inverse_rms, cudaStream_t stream) {
   const int total = rows + rows2;
   if (total == 0) return;
   const dim3 block = norm_block(std::max(dim, dim2));
   launch_overlapping(rms_norm_kernel<kAddDelta>,
                      dim3(static_cast<unsigned>((total + block.y - 1) / block.y)), block, 0, stream,
-                     x, delta, rows, total, dim, weight, dim2, weight2, eps, out_f32, out_bf16);
+                     x, delta, rows, total, dim, weight, dim2, weight2, eps, out_f32, out_bf16,
+                     out_inverse_rms);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -442,19 +447,25 @@ void rms_norm(const float* x, int rows, int dim, const float* weight, float eps,
               uint16_t* out_bf16, cudaStream_t stream) {
   // The kernel writes x only when it adds a delta.
   launch_rms_norm<false>(const_cast<float*>(x), nullptr, rows, dim, weight, 0, dim, weight, eps,
-                         out_f32, out_bf16, stream);
+                         out_f32, out_bf16, nullptr, stream);
 }
 
 void rms_norm_pair(float* x, int rows, int dim, const float* weight, int rows2, int dim2,
                    const float* weight2, float eps, cudaStream_t stream) {
   launch_rms_norm<false>(x, nullptr, rows, dim, weight, rows2, dim2, weight2, eps, x, nullptr,
-                         stream);
+                         nullptr, stream);
+}
+
+void inverse_rms_pair(const float* x, int rows, int dim, int rows2, int dim2, float eps,
+                      float* inverse_rms, cudaStream_t stream) {
+  launch_rms_norm<false>(const_cast<float*>(x), nullptr, rows, dim, nullptr, rows2, dim2, nullptr,
+                         eps, nullptr, nullptr, inverse_rms, stream);
 }
 
 void add_rms_norm(float* x, const float* delta, int rows, int dim, const float* weight, float eps,
                   float* out_f32, uint16_t* out_bf16, cudaStream_t stream) {
   launch_rms_norm<true>(x, delta, rows, dim, weight, 0, dim, weight, eps, out_f32, out_bf16,
-                        stream);
+                        nullptr, stream);
 }
 
 void add_bias(float* y, const float* bias, int rows, int cols, cudaStream_t stream) {

@@ -26,6 +26,10 @@ void rms_norm(const float* x, int rows, int dim, const float* weight, float eps,
 // and keys: QK-norm) in one launch.
 void rms_norm_pair(float* x, int rows, int dim, const float* weight, int rows2, int dim2,
                    const float* weight2, float eps, cudaStream_t stream);
+// inverse_rms[r] = 1 / rms of row r of the same two arrays (rows, then rows2), as rms_norm forms
+// it: a whole projection's QK-norm, applied where the append reads its rows (KvAppend).
+void inverse_rms_pair(const float* x, int rows, int dim, int rows2, int dim2, float eps,
+                      float* inverse_rms, cudaStream_t stream);
 // x += delta, then rms_norm of the sum (out_f32 is not x): a residual add and the norm after it.
 void add_rms_norm(float* x, const float* delta, int rows, int dim, const float* weight, float eps,
                   float* out_f32, uint16_t* out_bf16, cudaStream_t stream);

@@ -10,6 +10,7 @@
 
 #include "backend/cpu/ops.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/model_ops.h"
 #include "core/error.h"
 #include "kv/eviction_plan.h"
 #include "paged_kv_fixture.h"
@@ -34,14 +35,21 @@ bool within_one_ulp(uint16_t a, uint16_t b) {
   return std::abs(int(a) - int(b)) <= 1;
 }
 
-// With QK-norm weights, each head normalised as cpu::rms_norm normalises it, then rotated. The
-// queries are rotated in place, or (QK-norm cases) written as bf16 rows alone, as a prompt's
-// tensor-core attention reads them.
+enum class QkNormCase { kNone, kPerHead, kWholeProjection };
+
+// With QK-norm weights, each head (or each token's whole projection, its 1 / rms found by
+// inverse_rms_pair) normalised as cpu::rms_norm normalises it, then rotated. The queries are
+// rotated in place, or (QK-norm cases) written as bf16 rows alone, as a prompt's tensor-core
+// attention reads them.
 TEST_F(KvOpsTest, AppendAppliesRopeLikeCpu) {
-  for (const auto& [head_dim, with_norm] :
-       {std::pair{64, false}, std::pair{128, false}, std::pair{128, true}, std::pair{32, true},
-        std::pair{96, true}, std::pair{8, false}}) {
-    SCOPED_TRACE(::testing::Message() << "head_dim " << head_dim << " QK-norm " << with_norm);
+  using enum QkNormCase;
+  for (const auto& [head_dim, norm] :
+       {std::pair{64, kNone}, std::pair{128, kNone}, std::pair{128, kPerHead},
+        std::pair{32, kPerHead}, std::pair{96, kPerHead}, std::pair{8, kNone},
+        std::pair{128, kWholeProjection}, std::pair{96, kWholeProjection}}) {
+    const bool with_norm = norm != kNone, whole = norm == kWholeProjection;
+    SCOPED_TRACE(::testing::Message()
+                 << "head_dim " << head_dim << " QK-norm " << static_cast<int>(norm));
     std::mt19937 rng(7 + head_dim);
     const int num_sequences = 5, num_kv_heads = 3, page_size = 16;
     // Existing ragged content, then one new token per sequence and a 37-token chunk for sequence 2.
@@ -83,25 +91,31 @@ TEST_F(KvOpsTest, AppendAppliesRopeLikeCpu) {
     for (int i = 0; i < head_dim / 2; ++i) {
       inv_freq[i] = static_cast<float>(1.0 / std::pow(rope_spec.theta, 2.0 * i / head_dim));
     }
-    DeviceBuffer<float> keys_d{std::span<const float>(keys)},
+    // The queries, then the keys: a step's projections as inverse_rms_pair reads them.
+    std::vector<float> projections = queries;
+    projections.insert(projections.end(), keys.begin(), keys.end());
+    DeviceBuffer<float> projections_d{std::span<const float>(projections)},
         values_d{std::span<const float>(values)}, inv_freq_d{std::span<const float>(inv_freq)};
-    DeviceBuffer<float> queries_d{std::span<const float>(queries)};
+    float* const queries_d = projections_d.data();
+    float* const keys_d = queries_d + queries.size();
     DeviceBuffer<int32_t> seq_d{std::span<const int32_t>(sequences)},
         pos_d{std::span<const int32_t>(positions)}, slots_d{std::span<const int32_t>(slots)};
     DeviceBuffer<float2> rotations_d(static_cast<size_t>(count) * (head_dim / 2));
     rope_rotations(pos_d.data(), count, inv_freq_d.data(), head_dim / 2, 1.0f, rotations_d.data(),
                    nullptr);
     KvAppend append;
-    append.keys = keys_d.data();
+    append.keys = keys_d;
     append.values = values_d.data();
     append.sequences = seq_d.data();
     append.positions = pos_d.data();
     append.slots = slots_d.data();
     append.rotations = rotations_d.data();
     append.count = count;
-    append.queries = queries_d.data();
+    append.queries = queries_d;
     append.num_q_heads = num_q_heads;
-    std::vector<float> q_norm(head_dim), k_norm(head_dim);
+    const int q_norm_dim = whole ? num_q_heads * head_dim : head_dim;
+    const int k_norm_dim = whole ? num_kv_heads * head_dim : head_dim;
+    std::vector<float> q_norm(q_norm_dim), k_norm(k_norm_dim);
     std::uniform_real_distribution<float> weight(0.5f, 1.5f);
     for (float& w : q_norm) w = weight(rng);
     for (float& w : k_norm) w = weight(rng);
@@ -109,6 +123,12 @@ TEST_F(KvOpsTest, AppendAppliesRopeLikeCpu) {
     DeviceBuffer<float> q_norm_d{std::span<const float>(q_norm)},
         k_norm_d{std::span<const float>(k_norm)};
     DeviceBuffer<uint16_t> query_rows_d(queries.size());
+    DeviceBuffer<float> inverse_rms_d(2 * static_cast<size_t>(count));
+    if (whole) {
+      inverse_rms_pair(queries_d, count, q_norm_dim, count, k_norm_dim, kEps, inverse_rms_d.data(),
+                       nullptr);
+      append.projection_inverse_rms = inverse_rms_d.data();
+    }
     if (with_norm) {
       append.q_norm = q_norm_d.data();
       append.k_norm = k_norm_d.data();
@@ -123,8 +143,10 @@ TEST_F(KvOpsTest, AppendAppliesRopeLikeCpu) {
     std::vector<float> roped = keys;
     std::vector<float> roped_queries = queries;
     if (with_norm) {
-      cpu::rms_norm(roped.data(), count * num_kv_heads, head_dim, k_norm.data(), kEps);
-      cpu::rms_norm(roped_queries.data(), count * num_q_heads, head_dim, q_norm.data(), kEps);
+      cpu::rms_norm(roped.data(), count * num_kv_heads * head_dim / k_norm_dim, k_norm_dim,
+                    k_norm.data(), kEps);
+      cpu::rms_norm(roped_queries.data(), count * num_q_heads * head_dim / q_norm_dim, q_norm_dim,
+                    q_norm.data(), kEps);
     }
     for (int t = 0; t < count; ++t) {
       rope.apply(roped.data() + static_cast<size_t>(t) * num_kv_heads * head_dim, 1, num_kv_heads,
@@ -132,7 +154,9 @@ TEST_F(KvOpsTest, AppendAppliesRopeLikeCpu) {
       rope.apply(roped_queries.data() + static_cast<size_t>(t) * num_q_heads * head_dim, 1,
                  num_q_heads, &positions[t]);
     }
-    const std::vector<float> got_queries = queries_d.download();
+    const std::vector<float> got_projections = projections_d.download();
+    const std::vector<float> got_queries(got_projections.begin(),
+                                         got_projections.begin() + queries.size());
     if (with_norm) {
       EXPECT_EQ(got_queries, queries) << "queries not wanted in place were written";
       const std::vector<uint16_t> rows = query_rows_d.download();
@@ -386,6 +410,10 @@ TEST(KvOpsHostTest, RejectsBadArguments) {
   one_norm.num_q_heads = 1;
   one_norm.q_norm = &floats;
   expect_refusal(one_norm, "QK-norm needs both norm weights");
+  KvAppend projection_without_weights = one_norm;
+  projection_without_weights.q_norm = nullptr;
+  projection_without_weights.projection_inverse_rms = &floats;
+  expect_refusal(projection_without_weights, "inverse RMS needs the QK-norm weights");
   KvAppend nowhere = one_norm;
   nowhere.q_norm = nullptr;
   nowhere.queries_in_place = false;

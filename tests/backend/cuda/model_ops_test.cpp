@@ -326,6 +326,8 @@ TEST(RmsNorm, ShortRowsManyToACtaAndResidualRowsMatchTheCpu) {
   const std::vector<float> w = random(dim), w2 = random(dim2);
   DeviceBuffer<float> x_d{std::span<const float>(x)}, w_d{std::span<const float>(w)},
       w2_d{std::span<const float>(w2)};
+  DeviceBuffer<float> inverse_d(rows + rows2);
+  inverse_rms_pair(x_d.data(), rows, dim, rows2, dim2, kEps, inverse_d.data(), nullptr);
   rms_norm_pair(x_d.data(), rows, dim, w_d.data(), rows2, dim2, w2_d.data(), kEps, nullptr);
   std::vector<float> want = x;
   cpu::rms_norm(want.data(), rows, dim, w.data(), kEps);
@@ -333,6 +335,19 @@ TEST(RmsNorm, ShortRowsManyToACtaAndResidualRowsMatchTheCpu) {
   const std::vector<float> got = x_d.download();
   for (size_t i = 0; i < want.size(); ++i) {
     ASSERT_NEAR(got[i], want[i], 1e-6f * std::abs(want[i]) + 1e-7f) << "element " << i;
+  }
+  // Each row's 1 / rms alone: the normalised row is (x * it) * weight, bit for bit (the append
+  // applies a whole projection's QK-norm so).
+  const std::vector<float> inverse = inverse_d.download();
+  for (int r = 0; r < rows + rows2; ++r) {
+    const bool second = r >= rows;
+    const int row_dim = second ? dim2 : dim;
+    const size_t first =
+        second ? static_cast<size_t>(rows) * dim + (r - rows) * dim2 : static_cast<size_t>(r) * dim;
+    for (int i = 0; i < row_dim; ++i) {
+      const float w_i = second ? w2[i] : w[i];
+      ASSERT_EQ(got[first + i], (x[first + i] * inverse[r]) * w_i) << "row " << r << " dim " << i;
+    }
   }
 
   for (const auto& [n, hidden] : {std::pair{40, 1000}, std::pair{6, 5096}}) {
