@@ -22,10 +22,13 @@ import sys
 GROUPS = {
     "attention": (["attention_scores", "attention_values"], ["prefill_attention_kernel"]),
     "routed_experts": (["routed_experts"],
-                       ["grouped_gemm_kernel", "combine_kernel", "sort_pairs_kernel"]),
+                       ["grouped_gemm_kernel", "grouped_gemm_wide_kernel", "combine_kernel",
+                        "sort_pairs_kernel", "sort_count_kernel"]),
     "elementwise": (["attn_norm", "mlp_norm", "qk_norm", "rope_kv_write"],
                     ["rms_norm_kernel", "append_kv_kernel"]),
-    "router": (["router"], ["sm80_xmma_gemm_f32f32"]),
+    # The router's float32 product: on FMA pipes (sm80_xmma_gemm_f32f32) before 3a86424's TF32,
+    # on the tensor cores (sm90_xmma_gemm_f32f32_tf32f32) since.
+    "router": (["router"], ["xmma_gemm_f32f32"]),
 }
 LINE = re.compile(r"^\s*[\d.]+ us\s+\d+x\s+[\d.]+ us/launch\s+([\d.]+) us/layer\s+(.*)$")
 
