@@ -89,12 +89,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ uint64_t keys_full[kKeyStages], keys_empty[kKeyStages], values_full[kValueStages],
       values_empty[kValueStages];
 
-  // Later tiles of a sequence see more slots: they start first, so that the grid's last wave is
-  // of short ones.
-  const int tile = gridDim.x - 1 - blockIdx.x;
+  // Later tiles of a sequence see more slots: they start first, every head's before the next
+  // tile's, so that the grid's last wave is of short ones (with the heads outermost, the last
+  // head's long tiles started near the end and ran on alone).
+  const int tile = gridDim.y - 1 - blockIdx.y;
   const int first = a.tiles[2 * tile];
   const int count = a.tiles[2 * tile + 1];
-  const int h = blockIdx.y;
+  const int h = blockIdx.x;
   const int group = a.num_q_heads / kv.num_kv_heads;
   const int segment = a.sequences[first] * kv.num_kv_heads + h / group;
   const int32_t* table = kv.page_ids + kv.page_offsets[segment];
@@ -564,6 +565,12 @@ void prefill_attention(const PagedKvLayer& kv, const PrefillAttention& a, cudaSt
          "prefill_attention: needs slot metadata and query heads ({}) a multiple of KV heads ({})",
          a.num_q_heads, kv.num_kv_heads);
   }
+  // The tiles are the grid's second dimension.
+  constexpr int kMaxTiles = 65535;
+  if (a.num_tiles > kMaxTiles) {
+    fail(ErrorKind::kUnsupported, "prefill_attention: {} tiles of queries in one step (at most {})",
+         a.num_tiles, kMaxTiles);
+  }
   constexpr double kLog2e = 1.4426950408889634;
   const float scale_log2 = static_cast<float>(kLog2e / std::sqrt(static_cast<double>(kv.head_dim)));
   dispatch_prefill_head_dim(kv.head_dim, [&](auto dim) {
@@ -579,7 +586,7 @@ void prefill_attention(const PagedKvLayer& kv, const PrefillAttention& a, cudaSt
       return true;
     }();
     (void)opted_in;
-    const dim3 grid(static_cast<unsigned>(a.num_tiles), static_cast<unsigned>(a.num_q_heads));
+    const dim3 grid(static_cast<unsigned>(a.num_q_heads), static_cast<unsigned>(a.num_tiles));
     prefill_attention_kernel<D><<<grid, kThreads, bytes, stream>>>(kv, a, scale_log2);
   });
   EKVA_CUDA_CHECK(cudaGetLastError());

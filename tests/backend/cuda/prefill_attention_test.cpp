@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "backend/cpu/ops.h"
@@ -159,6 +160,25 @@ TEST_F(PrefillAttentionTest, TilesCutRunsOfOneSequence) {
 TEST(PrefillAttentionDispatchTest, RejectsUnsupportedHeadDim) {
   EXPECT_FALSE(prefill_attention_supported(24));
   EXPECT_THROW(dispatch_prefill_head_dim(24, [](auto) {}), Error);
+}
+
+// The tiles are a grid dimension: more than it holds are refused before anything is launched (so
+// host addresses stand in for the device's), naming the count.
+TEST(PrefillAttentionDispatchTest, RejectsMoreTilesThanAGridDimensionHolds) {
+  TokenMeta meta{};
+  PagedKvLayer kv;
+  kv.meta = &meta;
+  kv.num_sequences = kv.num_kv_heads = 1;
+  kv.head_dim = 128;
+  PrefillAttention a;
+  a.num_q_heads = 1;
+  a.num_tiles = 65536;
+  try {
+    prefill_attention(kv, a, nullptr);
+    ADD_FAILURE() << "accepted 65536 tiles";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("65536 tiles"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
