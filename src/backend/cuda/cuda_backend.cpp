@@ -190,10 +190,15 @@ T* CudaBackend::staging(PinnedBuffer<T>& buffer, size_t count) {
   return buffer.data();
 }
 
-void CudaBackend::upload_step(const std::vector<int32_t>& step_ints) {
-  int32_t* device = scratch(step_ints_, step_ints.size());
-  EKVA_CUDA_CHECK(cudaMemcpyAsync(device, step_ints.data(), step_ints.size() * sizeof(int32_t),
-                                  cudaMemcpyHostToDevice, stream_));
+void CudaBackend::upload_step(std::initializer_list<std::span<const int32_t>> parts) {
+  size_t count = 0;
+  for (const std::span<const int32_t> part : parts) count += part.size();
+  int32_t* host = staging(step_ints_host_, count);
+  int32_t* at = host;
+  for (const std::span<const int32_t> part : parts) at = std::copy(part.begin(), part.end(), at);
+  int32_t* device = scratch(step_ints_, count);
+  EKVA_CUDA_CHECK(
+      cudaMemcpyAsync(device, host, count * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
   tokens_ = device;  // the step's inputs, in the order run() lays them out
 }
 
@@ -720,17 +725,7 @@ void CudaBackend::run_step(const StepPlan& plan, KvLayout& layout, ForwardObserv
 
   // Step inputs: tokens, sequences, positions, slots [layer][token][kv head], logit rows, attention
   // tiles, voting tokens.
-  std::vector<int32_t> step;
-  step.reserve(3 * static_cast<size_t>(n) + plan.slots.size() + rows + tiles.size() +
-               voters.size());
-  step.insert(step.end(), batch.tokens.begin(), batch.tokens.end());
-  step.insert(step.end(), batch.seq.begin(), batch.seq.end());
-  step.insert(step.end(), batch.pos.begin(), batch.pos.end());
-  step.insert(step.end(), plan.slots.begin(), plan.slots.end());
-  step.insert(step.end(), plan.logit_rows.begin(), plan.logit_rows.end());
-  step.insert(step.end(), tiles.begin(), tiles.end());
-  step.insert(step.end(), voters.begin(), voters.end());
-  upload_step(step);
+  upload_step({batch.tokens, batch.seq, batch.pos, plan.slots, plan.logit_rows, tiles, voters});
   upload_tables(layout);
   sequences_ = tokens_ + n;
   positions_ = tokens_ + 2 * n;

@@ -14,8 +14,10 @@
 // grew) retires the captures that read it.
 #include <cuda_runtime_api.h>
 
+#include <initializer_list>
 #include <memory>
 #include <optional>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -71,8 +73,8 @@ class CudaBackend : public Backend {
   // A step, its logits left in logits_host_, or with draws its tokens in tokens_host_.
   void run_step(const StepPlan& plan, KvLayout& layout, ForwardObserver* observer,
                 std::optional<std::span<const TokenDraw>> draws);
-  // Uploads the step's integer inputs (tokens_ and what follows).
-  void upload_step(const std::vector<int32_t>& step_ints);
+  // Uploads the step's integer inputs (tokens_ and what follows), the parts one after another.
+  void upload_step(std::initializer_list<std::span<const int32_t>> parts);
   // Uploads every layer's block tables unless the device has them; sets views_.
   void upload_tables(const KvLayout& layout);
   // A decode step's attention schedules to the device (decode_plans_): one per layer, or one for
@@ -139,6 +141,9 @@ class CudaBackend : public Backend {
   DeviceBuffer<float> score_delta_;  // pool-parallel: what this step's voting queries added
   std::vector<PagedKvLayer> views_;  // per layer, into ints_
   DeviceBuffer<int32_t> step_ints_;  // the step's integer inputs: see run()
+  // Their host side: pinned, so that the copy is the DMA's alone (from pageable memory the driver
+  // copies a prompt's slots, a few MB, through a bounce buffer first).
+  PinnedBuffer<int32_t> step_ints_host_;
   // The block tables (upload_tables): tables_ is the host copy, table_at_ each layer's start in
   // it, read from tables_of_ at its table_version() tables_version_.
   DeviceBuffer<int32_t> ints_;
