@@ -81,11 +81,16 @@ void KvLayout::append_step(const std::vector<int32_t>& seq, const std::vector<in
   // A token's slot in every one of its tables counts the step's earlier tokens of its sequence;
   // the step's tokens of each sequence, in order, are what its tables' metadata gains
   // (by_sequence: the tokens grouped by sequence, the groups in order of first appearance).
+  // token_group: the token's sequence's place in `sequences`.
   std::vector<int32_t> rank(n), count(num_sequences_, 0), first(num_sequences_, 0);
-  std::vector<int32_t> sequences;
+  std::vector<int32_t> sequences, group(num_sequences_, 0), token_group(n);
   for (int t = 0; t < n; ++t) {
-    if (count[seq[t]] == 0) sequences.push_back(seq[t]);
+    if (count[seq[t]] == 0) {
+      group[seq[t]] = static_cast<int32_t>(sequences.size());
+      sequences.push_back(seq[t]);
+    }
     rank[t] = count[seq[t]]++;
+    token_group[t] = group[seq[t]];
   }
   int32_t offset = 0;
   for (const int32_t s : sequences) {
@@ -115,26 +120,41 @@ void KvLayout::append_step(const std::vector<int32_t>& seq, const std::vector<in
   for (int l = 0; l < L; ++l) layer_first[l + 1] += layer_first[l];
   std::vector<int32_t> taken(static_cast<size_t>(layer_first[L]));
   take_pages(taken.data(), static_cast<int64_t>(taken.size()));
+  // Each touched table's size and room, in arrays of each layer's own: read through the tables,
+  // every token reloaded both vectors' ends (a page's push_back could, for all the compiler knows,
+  // change them).
+  const size_t group_tables = sequences.size() * H;
+  std::vector<int32_t> sizes(static_cast<size_t>(L) * group_tables), room(sizes.size());
   // Each layer's slots and pages, then its tables' new metadata in one resize each, written in
   // place (appended one by one, every element's store held up the next one's reload of the
   // vector's end).
 #pragma omp parallel for schedule(static) if (parallel)
   for (int l = 0; l < L; ++l) {
-    // Local copies of what the loop reads: a page's push_back could otherwise, for all the
-    // compiler knows, change the vectors this region shares, and each token would reload them.
+    int32_t* const layer_sizes = sizes.data() + l * group_tables;
+    int32_t* const layer_room = room.data() + l * group_tables;
+    for (size_t g = 0; g < sequences.size(); ++g) {
+      for (int h = 0; h < H; ++h) {
+        const HeadTable& t = table(sequences[g], l, h);
+        layer_sizes[g * H + h] = t.size();
+        layer_room[g * H + h] = static_cast<int32_t>(t.pages.size() * P);
+      }
+    }
     const int32_t* const token_seq = seq.data();
     const int32_t* const token_rank = rank.data();
+    const int32_t* const groups = token_group.data();
     const int32_t* const step_pages = taken.data();
     int32_t* const layer_slots = slots.data() + static_cast<size_t>(l) * n * H;
     int64_t next_page = layer_first[l];
     for (int t = 0; t < n; ++t) {
-      HeadTable* tables = &table(token_seq[t], l, 0);
-      int32_t* out = layer_slots + static_cast<size_t>(t) * H;
+      const size_t first_table = static_cast<size_t>(groups[t]) * H;
+      const int32_t* const size = layer_sizes + first_table;
+      int32_t* const limit = layer_room + first_table;
+      int32_t* const out = layer_slots + static_cast<size_t>(t) * H;
       for (int h = 0; h < H; ++h) {
-        HeadTable& table = tables[h];
-        const int slot = table.size() + token_rank[t];
-        if (slot >= static_cast<int64_t>(table.pages.size()) * P) {
-          table.pages.push_back(step_pages[next_page++]);
+        const int32_t slot = size[h] + token_rank[t];
+        if (slot >= limit[h]) {
+          table(token_seq[t], l, h).pages.push_back(step_pages[next_page++]);
+          limit[h] += static_cast<int32_t>(P);
         }
         out[h] = slot;
       }
