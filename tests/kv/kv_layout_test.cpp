@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <random>
 
 #include "backend/cpu/ops.h"
@@ -220,6 +221,18 @@ TEST(KvLayout, AppendStepEqualsAppendingEachToken) {
         seq.push_back(q);
         pos.push_back(one.next_position(q) + i);
       }
+    }
+    if (round == 3) {  // the sequences' tokens interleaved, in no order of sequence
+      std::vector<size_t> order(seq.size());
+      std::iota(order.begin(), order.end(), size_t{0});
+      std::shuffle(order.begin(), order.end(), rng);
+      std::vector<int32_t> shuffled_seq, shuffled_pos;
+      for (const size_t i : order) {
+        shuffled_seq.push_back(seq[i]);
+        shuffled_pos.push_back(pos[i]);
+      }
+      seq = std::move(shuffled_seq);
+      pos = std::move(shuffled_pos);
     }
     std::vector<int32_t> expected(static_cast<size_t>(9) * seq.size() * 8);
     for (int l = 0; l < 9; ++l) {
