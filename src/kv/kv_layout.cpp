@@ -103,14 +103,23 @@ void KvLayout::append_step(const std::vector<int32_t>& seq, const std::vector<in
   // reaches what its pages hold. They are counted first so that a step the capacity cannot serve
   // fails before it changes anything, and so that each layer knows where its pages start in
   // append's order (layer by layer, token by token, head by head) and takes them on its own thread.
+  // Each touched table's size and room are kept in arrays of each layer's own: read through the
+  // tables, every token of the loop below reloaded both vectors' ends (a page's push_back could,
+  // for all the compiler knows, change them).
   [[maybe_unused]] const bool parallel = static_cast<int64_t>(n) * L * H >= kParallelTables;
+  const size_t group_tables = sequences.size() * H;
+  std::vector<int32_t> sizes(static_cast<size_t>(L) * group_tables), room(sizes.size());
   std::vector<int64_t> layer_first(static_cast<size_t>(L) + 1, 0);
 #pragma omp parallel for schedule(static) if (parallel)
   for (int l = 0; l < L; ++l) {
     int64_t layer_taken = 0;
-    for (const int32_t s : sequences) {
+    for (size_t g = 0; g < sequences.size(); ++g) {
+      const int32_t s = sequences[g];
       for (int h = 0; h < H; ++h) {
         const HeadTable& t = table(s, l, h);
+        const size_t at = l * group_tables + g * H + h;
+        sizes[at] = t.size();
+        room[at] = static_cast<int32_t>(t.pages.size() * P);
         const int64_t needed = (t.size() + count[s] + P - 1) / P;
         layer_taken += std::max<int64_t>(0, needed - static_cast<int64_t>(t.pages.size()));
       }
@@ -120,25 +129,13 @@ void KvLayout::append_step(const std::vector<int32_t>& seq, const std::vector<in
   for (int l = 0; l < L; ++l) layer_first[l + 1] += layer_first[l];
   std::vector<int32_t> taken(static_cast<size_t>(layer_first[L]));
   take_pages(taken.data(), static_cast<int64_t>(taken.size()));
-  // Each touched table's size and room, in arrays of each layer's own: read through the tables,
-  // every token reloaded both vectors' ends (a page's push_back could, for all the compiler knows,
-  // change them).
-  const size_t group_tables = sequences.size() * H;
-  std::vector<int32_t> sizes(static_cast<size_t>(L) * group_tables), room(sizes.size());
   // Each layer's slots and pages, then its tables' new metadata in one resize each, written in
   // place (appended one by one, every element's store held up the next one's reload of the
   // vector's end).
 #pragma omp parallel for schedule(static) if (parallel)
   for (int l = 0; l < L; ++l) {
-    int32_t* const layer_sizes = sizes.data() + l * group_tables;
+    const int32_t* const layer_sizes = sizes.data() + l * group_tables;
     int32_t* const layer_room = room.data() + l * group_tables;
-    for (size_t g = 0; g < sequences.size(); ++g) {
-      for (int h = 0; h < H; ++h) {
-        const HeadTable& t = table(sequences[g], l, h);
-        layer_sizes[g * H + h] = t.size();
-        layer_room[g * H + h] = static_cast<int32_t>(t.pages.size() * P);
-      }
-    }
     const int32_t* const token_seq = seq.data();
     const int32_t* const token_rank = rank.data();
     const int32_t* const groups = token_group.data();
