@@ -398,14 +398,17 @@ __global__ void __launch_bounds__(GroupedGemmShape<Tokens>::kWarps * 32, 1)
 
 // Persistent: CTA b takes tiles b, b + gridDim.x, ... of (group, row tile, column split), groups
 // fastest, so that an expert's groups run side by side and each weight tile is read from DRAM once
-// for all of them however many groups the expert has. The producer runs on into the next tile's
+// for all of them however many groups the expert has. Where the input rows are the pairs' own (the
+// down product: top_k rows a token, more than L2 holds in a prompt) a group's row tiles are
+// fastest instead, so that its input rows are read from DRAM once too, not once a row tile, while
+// an expert's groups still run side by side. The producer runs on into the next tile's
 // stages while the consumers store the last one's sums, so no tile waits for its first copies.
 // A SwiGLU tile takes kWideRows / 2 outputs: each warp's 16 tile rows are 8 gate rows and the up
 // rows of the same outputs, so a thread holds both sums of an output (rows lane / 4 and lane / 4 +
 // 8 of the MMA's fragment) and no float32 gate-and-up rows are written.
 __global__ void __launch_bounds__(kWideThreads, 1)
     grouped_gemm_wide_kernel(const GroupedGemm g, const MoePairs p, int row_tiles, int splits,
-                             int split_cols) {
+                             int split_cols, bool row_tiles_fastest) {
   follow_prior_grid();
   extern __shared__ __align__(1024) uint4 shared_raw[];  // the 128-byte swizzle's atoms
   uint16_t* tiles = reinterpret_cast<uint16_t*>(shared_raw);
@@ -418,15 +421,18 @@ __global__ void __launch_bounds__(kWideThreads, 1)
   // Output rows a tile: half its rows with a SwiGLU (their gate and up rows).
   const int tile_outputs = swiglu ? kWideRows / 2 : kWideRows;
   struct Tile {
-    int first, count, row0, col_begin, col_end, steps;
+    int group, first, count, row0, col_begin, col_end, steps;
   };
   const auto tile_at = [&](int tile) {
     Tile t;
-    const int group = tile % groups, rest = tile / groups;
+    const int split = tile / (groups * row_tiles), in_split = tile % (groups * row_tiles);
+    const int group = row_tiles_fastest ? in_split / row_tiles : in_split % groups;
+    const int row_tile = row_tiles_fastest ? in_split % row_tiles : in_split / groups;
+    t.group = group;
     t.first = dense ? 0 : p.group_first[group];
     t.count = dense ? g.dense_rows : p.group_first[group + 1] - t.first;
-    t.row0 = rest % row_tiles * tile_outputs;
-    t.col_begin = rest / row_tiles * split_cols;
+    t.row0 = row_tile * tile_outputs;
+    t.col_begin = split * split_cols;
     t.col_end = min(g.in_cols, t.col_begin + split_cols);
     t.steps = (max(t.col_end - t.col_begin, 0) + kCols - 1) / kCols;
     return t;
@@ -460,7 +466,7 @@ __global__ void __launch_bounds__(kWideThreads, 1)
     int it = 0;  // stages filled so far, over all of the CTA's tiles
     for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
       const Tile t = tile_at(tile);
-      const uint16_t* w = dense ? g.dense : g.weights[p.group_expert[tile % groups]];
+      const uint16_t* w = dense ? g.dense : g.weights[p.group_expert[t.group]];
       uint32_t input_at[kInputCopies];
       uint32_t has_row = 0;  // bit j: weight copy j has a row; bit kWeightCopies + j: input copy j
 #pragma unroll
@@ -1046,7 +1052,7 @@ void launch_grouped_gemm(const GroupedGemm& g, const MoePairs& pairs, int max_ro
     const int64_t tiles = static_cast<int64_t>(groups) * row_tiles * column_splits;
     const int ctas = static_cast<int>(std::min<int64_t>(multiprocessors(), tiles));
     launch_overlapping(grouped_gemm_wide_kernel, dim3(ctas), dim3(kWideThreads), kWideSharedBytes,
-                       stream, g, pairs, row_tiles, column_splits, split_cols);
+                       stream, g, pairs, row_tiles, column_splits, split_cols, !g.input_is_token);
     EKVA_CUDA_CHECK(cudaGetLastError());
     return;
   }
