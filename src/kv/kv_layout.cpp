@@ -81,16 +81,15 @@ void KvLayout::append_step(const std::vector<int32_t>& seq, const std::vector<in
   // A token's slot in every one of its tables counts the step's earlier tokens of its sequence;
   // the step's tokens of each sequence, in order, are what its tables' metadata gains
   // (by_sequence: the tokens grouped by sequence, the groups in order of first appearance).
-  // token_group: the token's sequence's place in `sequences`.
+  // group: a sequence's place in `sequences`.
   std::vector<int32_t> rank(n), count(num_sequences_, 0), first(num_sequences_, 0);
-  std::vector<int32_t> sequences, group(num_sequences_, 0), token_group(n);
+  std::vector<int32_t> sequences, group(num_sequences_, 0);
   for (int t = 0; t < n; ++t) {
     if (count[seq[t]] == 0) {
       group[seq[t]] = static_cast<int32_t>(sequences.size());
       sequences.push_back(seq[t]);
     }
     rank[t] = count[seq[t]]++;
-    token_group[t] = group[seq[t]];
   }
   int32_t offset = 0;
   for (const int32_t s : sequences) {
@@ -138,12 +137,12 @@ void KvLayout::append_step(const std::vector<int32_t>& seq, const std::vector<in
     int32_t* const layer_room = room.data() + l * group_tables;
     const int32_t* const token_seq = seq.data();
     const int32_t* const token_rank = rank.data();
-    const int32_t* const groups = token_group.data();
+    const int32_t* const sequence_group = group.data();
     const int32_t* const step_pages = taken.data();
     int32_t* const layer_slots = slots.data() + static_cast<size_t>(l) * n * H;
     int64_t next_page = layer_first[l];
     for (int t = 0; t < n; ++t) {
-      const size_t first_table = static_cast<size_t>(groups[t]) * H;
+      const size_t first_table = static_cast<size_t>(sequence_group[token_seq[t]]) * H;
       const int32_t* const size = layer_sizes + first_table;
       int32_t* const limit = layer_room + first_table;
       int32_t* const out = layer_slots + static_cast<size_t>(t) * H;
