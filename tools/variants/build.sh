@@ -19,7 +19,8 @@ done
 export PATH=/usr/local/cuda/bin:$PATH
 cmake -S . -B build-var -G Ninja -DCMAKE_BUILD_TYPE=Release -DEKVA_CUDA=ON > /dev/null
 rm -rf build-next && mkdir -p build-next
-ninja -C build-var ekva test_backend_cuda cuda_decode_attention_bench ekva_kernel_trace
+ninja -C build-var ekva test_backend_cuda cuda_decode_attention_bench cuda_product_chain_bench \
+  ekva_kernel_trace
 scripts/device-pack.sh build-var
 mv build-var/device-all build-next/
 trap 'git checkout -- src tests' EXIT

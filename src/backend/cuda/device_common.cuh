@@ -347,6 +347,19 @@ __device__ __forceinline__ float2 unpack_bf16(uint32_t pair) {
   return make_float2(__uint_as_float(pair << 16), __uint_as_float(pair & 0xffff0000u));
 }
 
+// acc plus the dot product of eight bf16 pairs (16 bytes each), in element order.
+__device__ __forceinline__ float dot8(uint4 w, uint4 x, float acc) {
+  const uint32_t wv[4] = {w.x, w.y, w.z, w.w};
+  const uint32_t xv[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 a = unpack_bf16(wv[i]), b = unpack_bf16(xv[i]);
+    acc = fmaf(a.x, b.x, acc);
+    acc = fmaf(a.y, b.y, acc);
+  }
+  return acc;
+}
+
 // 2^x as the special-function unit's one instruction. exp2f keeps subnormal results, which takes
 // instructions around it; a softmax whose sum holds at least one term of 1 loses nothing to their
 // flush to zero.

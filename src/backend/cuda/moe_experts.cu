@@ -672,18 +672,6 @@ struct GemvLaunch {
   int disabled_expert = -1;
 };
 
-__device__ __forceinline__ float dot8(uint4 w, uint4 x, float acc) {
-  const uint32_t wv[4] = {w.x, w.y, w.z, w.w};
-  const uint32_t xv[4] = {x.x, x.y, x.z, x.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 a = unpack_bf16(wv[i]), b = unpack_bf16(xv[i]);
-    acc = fmaf(a.x, b.x, acc);
-    acc = fmaf(a.y, b.y, acc);
-  }
-  return acc;
-}
-
 // grid: (row tiles of kGemvWarps / split * kWarpRows output rows, groups; kCombine: 1); launched
 // overlapping the kernel before it. A dense product's (kDense: g.dense) weights do not depend on
 // that kernel, so its first column steps are loaded into registers before waiting for it; they

@@ -1,0 +1,208 @@
+// Times a batch-1 step's chain of one-row products (each layer's Q/K/V, O, experts' gate-and-up
+// and down products as dense matrices of the same bytes, the next product's input row being the
+// first in_cols outputs of the one before) two ways on the same weights:
+//   launched:   one kernel per product in a CUDA graph, each launched with programmatic dependent
+//               launch and loading its weights before it waits for the kernel before (the
+//               engine's one-token products do the same);
+//   persistent: one kernel for the whole chain, whose warps hold the weights of their next step
+//               in registers while the products before finish, waiting on a per-product count
+//               only before they read the input row;
+//   staged:     the same with each warp's next four steps copied into shared memory ahead.
+// The question it answers: how much of a batch-1 step's distance from the bandwidth floor is the
+// products' own starts and ends at kernel boundaries (docs/BENCHMARKS.md, session 40). Routing,
+// norms and attention are left out: the chain is the products alone.
+//
+//   cuda_product_chain_bench [--model qwen3|olmoe|mixtral] [--layers N] [--reps N]
+// Prints one JSON line; exits 1 unless all forms' last outputs are equal and finite.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_buffer.h"
+#include "product_chain.h"
+
+namespace ekva::cuda {
+namespace {
+
+struct Shape {
+  int out_rows, in_cols;
+};
+
+// A layer's four products: Q/K/V, O, the routed experts' gate-and-up and down as dense matrices
+// of the same bytes (top-k experts' rows stacked).
+std::vector<Shape> layer_products(const std::string& model) {
+  if (model == "qwen3") return {{5120, 2048}, {2048, 4096}, {8 * 1536, 2048}, {2048, 8 * 768}};
+  if (model == "olmoe") return {{6144, 2048}, {2048, 2048}, {8 * 2048, 2048}, {2048, 8 * 1024}};
+  if (model == "mixtral") {
+    return {{6144, 4096}, {4096, 4096}, {2 * 28672, 4096}, {4096, 2 * 14336}};
+  }
+  std::fprintf(stderr, "unknown --model %s (qwen3, olmoe or mixtral)\n", model.c_str());
+  std::exit(2);
+}
+
+int run(int argc, char** argv) {
+  std::string model = "qwen3";
+  int layers = 0, reps = 10;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help") {
+      std::printf(
+          "cuda_product_chain_bench [--model qwen3|olmoe|mixtral] [--layers N] [--reps N]\n");
+      return 0;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "%s needs a value\n", a.c_str());
+      return 2;
+    }
+    if (a == "--model") {
+      model = argv[++i];
+    } else if (a == "--layers") {
+      layers = std::atoi(argv[++i]);
+    } else if (a == "--reps") {
+      reps = std::atoi(argv[++i]);
+    } else {
+      std::fprintf(stderr, "unknown option %s\n", a.c_str());
+      return 2;
+    }
+  }
+  const std::vector<Shape> layer = layer_products(model);
+  if (layers <= 0) layers = model == "mixtral" ? 32 : model == "olmoe" ? 16 : 48;
+
+  std::vector<Shape> shapes;
+  for (int l = 0; l < layers; ++l) shapes.insert(shapes.end(), layer.begin(), layer.end());
+  const int n = static_cast<int>(shapes.size());
+  int max_in = 0;
+  for (const Shape& s : shapes) max_in = std::max(max_in, s.in_cols);
+  const int grid = chain_grid(max_in);
+  if (grid < 1) {
+    std::fprintf(stderr, "the chain kernel does not fit a multiprocessor\n");
+    return 1;
+  }
+  const int total_warps = chain_warps(grid);
+
+  std::vector<DeviceBuffer<uint16_t>> weights;
+  std::vector<DeviceBuffer<uint16_t>> outputs;
+  DeviceBuffer<uint16_t> input(static_cast<size_t>(shapes[0].in_cols));
+  fill_chain_weights(input.data(), static_cast<int64_t>(input.size()), 1, 1.0f, nullptr);
+  std::vector<ChainProduct> products(n);
+  double bytes = 0;
+  int warp_cursor = 0;
+  for (int i = 0; i < n; ++i) {
+    const Shape& s = shapes[i];
+    ChainProduct& p = products[i];
+    if (i > 0 && s.in_cols > products[i - 1].rows) {
+      std::fprintf(stderr, "product %d takes %d inputs of %d\n", i, s.in_cols,
+                   products[i - 1].rows);
+      return 1;
+    }
+    p.rows = s.out_rows;
+    p.in_cols = s.in_cols;
+    p.chunks = (s.in_cols + kChainChunk - 1) / kChainChunk;
+    weights.emplace_back(static_cast<size_t>(s.out_rows) * s.in_cols);
+    // Uniform in +-sqrt(3 / in_cols): each output keeps its input's variance.
+    fill_chain_weights(weights.back().data(), static_cast<int64_t>(weights.back().size()),
+                       0x9e3779b9u * (i + 1), std::sqrt(3.0f / s.in_cols), nullptr);
+    outputs.emplace_back(static_cast<size_t>(p.rows));
+    p.w = weights.back().data();
+    p.y = outputs.back().data();
+    p.x = i == 0 ? input.data() : products[i - 1].y;
+    p.first_warp = warp_cursor;
+    warp_cursor = (warp_cursor + p.rows) % total_warps;
+    bytes += static_cast<double>(s.out_rows) * s.in_cols * sizeof(uint16_t);
+  }
+  DeviceBuffer<ChainProduct> products_d{std::span<const ChainProduct>(products)};
+  // The staged grid has its own number of warps to take the rows round robin.
+  const int staged_grid = staged_chain_grid(max_in);
+  if (staged_grid < 1) {
+    std::fprintf(stderr, "the staged chain kernel does not fit a multiprocessor\n");
+    return 1;
+  }
+  std::vector<ChainProduct> staged_products = products;
+  for (int i = 0, cursor = 0; i < n; ++i) {
+    staged_products[i].first_warp = cursor;
+    cursor = (cursor + staged_products[i].rows) % staged_chain_warps(staged_grid);
+  }
+  DeviceBuffer<ChainProduct> staged_d{std::span<const ChainProduct>(staged_products)};
+  DeviceBuffer<int> counts(static_cast<size_t>(n) * kChainCountSlots);
+
+  cudaStream_t stream;
+  EKVA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const auto capture = [&](auto body) {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    EKVA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    body();
+    EKVA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    EKVA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    EKVA_CUDA_CHECK(cudaGraphDestroy(graph));
+    return exec;
+  };
+  cudaGraphExec_t launched = capture([&] {
+    for (const ChainProduct& p : products) launch_chain_product(p, stream);
+  });
+  cudaGraphExec_t persistent = capture([&] {
+    EKVA_CUDA_CHECK(cudaMemsetAsync(counts.data(), 0, counts.bytes(), stream));
+    launch_chain(products_d.data(), n, max_in, grid, counts.data(), stream);
+  });
+  cudaGraphExec_t staged = capture([&] {
+    EKVA_CUDA_CHECK(cudaMemsetAsync(counts.data(), 0, counts.bytes(), stream));
+    launch_staged_chain(staged_d.data(), n, max_in, staged_grid, counts.data(), stream);
+  });
+  cudaEvent_t start, stop;
+  EKVA_CUDA_CHECK(cudaEventCreate(&start));
+  EKVA_CUDA_CHECK(cudaEventCreate(&stop));
+  const auto median_ms = [&](cudaGraphExec_t exec) {
+    for (int i = 0; i < 3; ++i) EKVA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    std::vector<float> ms(reps);
+    for (float& t : ms) {
+      EKVA_CUDA_CHECK(cudaEventRecord(start, stream));
+      EKVA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+      EKVA_CUDA_CHECK(cudaEventRecord(stop, stream));
+      EKVA_CUDA_CHECK(cudaEventSynchronize(stop));
+      EKVA_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
+    }
+    std::sort(ms.begin(), ms.end());
+    return static_cast<double>(ms[ms.size() / 2]);
+  };
+  const double launched_ms = median_ms(launched);
+  const std::vector<uint16_t> launched_out = outputs.back().download();
+  const double persistent_ms = median_ms(persistent);
+  const std::vector<uint16_t> persistent_out = outputs.back().download();
+  const double staged_ms = median_ms(staged);
+  const std::vector<uint16_t> staged_out = outputs.back().download();
+  const bool equal = persistent_out == launched_out && staged_out == launched_out;
+  bool finite = true;
+  for (uint16_t v : launched_out) {
+    finite = finite && (v & 0x7f80) != 0x7f80;  // bf16 exponent all ones: inf or NaN
+  }
+  const auto tbps = [&](double ms) { return bytes / ms / 1e9; };
+  std::printf(
+      "{\"model\": \"%s\", \"layers\": %d, \"products\": %d, \"weight_bytes\": %.0f, "
+      "\"launched_ms\": %.4f, \"persistent_ms\": %.4f, \"staged_ms\": %.4f, "
+      "\"launched_tbps\": %.3f, \"persistent_tbps\": %.3f, \"staged_tbps\": %.3f, "
+      "\"outputs_equal\": %s, \"outputs_finite\": %s}\n",
+      model.c_str(), layers, n, bytes, launched_ms, persistent_ms, staged_ms, tbps(launched_ms),
+      tbps(persistent_ms), tbps(staged_ms), equal ? "true" : "false", finite ? "true" : "false");
+  EKVA_CUDA_CHECK(cudaGraphExecDestroy(launched));
+  EKVA_CUDA_CHECK(cudaGraphExecDestroy(persistent));
+  EKVA_CUDA_CHECK(cudaGraphExecDestroy(staged));
+  EKVA_CUDA_CHECK(cudaStreamDestroy(stream));
+  return equal && finite ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace ekva::cuda
+
+int main(int argc, char** argv) {
+  try {
+    return ekva::cuda::run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cuda_product_chain_bench: %s\n", e.what());
+    return 1;
+  }
+}
