@@ -92,6 +92,36 @@ __device__ __forceinline__ int first_row(const Product& p, int w, int total_warp
   return (w - p.first_warp + total_warps) % total_warps;
 }
 
+// A warp's place in its steps of the chain: rows first_row, first_row + W, ... of each product
+// (W warps in the grid), each row's chunks in order.
+struct StepCursor {
+  int p = 0, row = 0, chunk = 0;
+};
+
+struct WarpSteps {
+  const Product* products;
+  int num_products, warp, total_warps;
+
+  __device__ StepCursor first() const {
+    StepCursor c{0, first_row(products[0], warp, total_warps), 0};
+    settle(c);
+    return c;
+  }
+  // Past the products in which the warp has no row left.
+  __device__ void settle(StepCursor& c) const {
+    while (c.p < num_products && c.row >= products[c.p].rows) {
+      if (++c.p < num_products) c.row = first_row(products[c.p], warp, total_warps);
+    }
+  }
+  __device__ void advance(StepCursor& c) const {
+    if (++c.chunk == products[c.p].chunks) {
+      c.chunk = 0;
+      c.row += total_warps;
+      settle(c);
+    }
+  }
+};
+
 // Counts the CTA's rows of product p_index - 1 once all its warps are done with them, then waits
 // until every CTA's are counted (all CTAs of the grid are resident).
 __device__ __forceinline__ void wait_for_product(const Product* products, int p_index, int* counts,
@@ -130,41 +160,33 @@ __global__ void __launch_bounds__(kThreads, 2)
     chain_kernel(const Product* products, int num_products, int* counts) {
   extern __shared__ __align__(16) uint4 x_row[];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int total_warps = gridDim.x * kWarps;
-  const int w = blockIdx.x * kWarps + warp;
-  // The warp's cursor over its steps (product, row, chunk), one step ahead of the multiply.
-  int next_p = 0, next_row = first_row(products[0], w, total_warps), next_chunk = 0;
-  const auto skip_empty = [&]() {
-    while (next_p < num_products && next_row >= products[next_p].rows) {
-      if (++next_p < num_products) next_row = first_row(products[next_p], w, total_warps);
-    }
-  };
-  skip_empty();
+  const WarpSteps steps{products, num_products, static_cast<int>(blockIdx.x) * kWarps + warp,
+                        static_cast<int>(gridDim.x) * kWarps};
+  // The warp's next step, one ahead of the multiply.
+  StepCursor next = steps.first();
   // Two register buffers, each named statically in its branch (an array indexed by a variable
   // would go to local memory).
   StepWeights buffer0, buffer1;
   bool next_in_0 = true;
-  if (next_p < num_products) load_step(products[next_p], next_row, 0, lane, buffer0);
+  if (next.p < num_products) load_step(products[next.p], next.row, next.chunk, lane, buffer0);
   for (int p_index = 0; p_index < num_products; ++p_index) {
     const Product p = products[p_index];
-    if (p_index > 0) wait_for_product(products, p_index, counts, total_warps, kWarps);
+    if (p_index > 0) wait_for_product(products, p_index, counts, steps.total_warps, kWarps);
     copy_input_row(p, x_row, kThreads);
     float acc = 0.0f;
-    const auto step = [&](const StepWeights& current, StepWeights& next) {
-      const int row = next_row, chunk = next_chunk;
-      if (++next_chunk == p.chunks) {
-        next_chunk = 0;
-        next_row += total_warps;
-        skip_empty();
+    const auto step = [&](const StepWeights& current, StepWeights& following) {
+      const StepCursor now = next;
+      steps.advance(next);
+      if (next.p < num_products) {
+        load_step(products[next.p], next.row, next.chunk, lane, following);
       }
-      if (next_p < num_products) load_step(products[next_p], next_row, next_chunk, lane, next);
-      acc = step_sum(p, chunk, lane, current, x_row, acc);
-      if (chunk + 1 == p.chunks) {
-        store_row(p, row, lane, acc);
+      acc = step_sum(p, now.chunk, lane, current, x_row, acc);
+      if (now.chunk + 1 == p.chunks) {
+        store_row(p, now.row, lane, acc);
         acc = 0.0f;
       }
     };
-    while (next_p == p_index) {
+    while (next.p == p_index) {
       if (next_in_0) {
         step(buffer0, buffer1);
       } else {
@@ -185,30 +207,14 @@ constexpr int kStagedSteps = 5;
 constexpr size_t kStageBytes = size_t{kChunk} * sizeof(uint16_t);  // a warp's step
 constexpr size_t kStagedRingBytes = kStageBytes * kStagedSteps * kStagedWarps;
 
-struct StepCursor {
-  int p = 0, row = 0, chunk = 0;
-};
-
 __global__ void __launch_bounds__(kStagedThreads, 1)
     staged_chain_kernel(const Product* products, int num_products, int* counts) {
   extern __shared__ __align__(16) uint4 staged_smem[];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int total_warps = gridDim.x * kStagedWarps;
-  const int w = blockIdx.x * kStagedWarps + warp;
+  const WarpSteps steps{products, num_products, static_cast<int>(blockIdx.x) * kStagedWarps + warp,
+                        static_cast<int>(gridDim.x) * kStagedWarps};
   uint4* const ring = staged_smem + warp * kStagedSteps * (kStageBytes / 16);
   uint4* const x_row = staged_smem + kStagedRingBytes / 16;
-  const auto settle = [&](StepCursor& c) {
-    while (c.p < num_products && c.row >= products[c.p].rows) {
-      if (++c.p < num_products) c.row = first_row(products[c.p], w, total_warps);
-    }
-  };
-  const auto advance = [&](StepCursor& c) {
-    if (++c.chunk == products[c.p].chunks) {
-      c.chunk = 0;
-      c.row += total_warps;
-      settle(c);
-    }
-  };
   // Copies the lane's vectors of step c into stage `slot` (nothing past the chain's end), and
   // closes the copy group either way so that the groups count steps.
   const auto issue = [&](const StepCursor& c, int slot) {
@@ -226,17 +232,18 @@ __global__ void __launch_bounds__(kStagedThreads, 1)
     }
     cp_async_commit();
   };
-  StepCursor compute{0, first_row(products[0], w, total_warps), 0};
-  settle(compute);
+  StepCursor compute = steps.first();
   StepCursor ahead = compute;
   for (int s = 0; s < kStagedSteps - 1; ++s) {
     issue(ahead, s);
-    if (ahead.p < num_products) advance(ahead);
+    if (ahead.p < num_products) steps.advance(ahead);
   }
   int slot = 0;
   for (int p_index = 0; p_index < num_products; ++p_index) {
     const Product p = products[p_index];
-    if (p_index > 0) wait_for_product(products, p_index, counts, total_warps, kStagedWarps);
+    if (p_index > 0) {
+      wait_for_product(products, p_index, counts, steps.total_warps, kStagedWarps);
+    }
     copy_input_row(p, x_row, kStagedThreads);
     float acc = 0.0f;
     while (compute.p == p_index) {
@@ -247,13 +254,13 @@ __global__ void __launch_bounds__(kStagedThreads, 1)
       for (int k = 0; k < kLoads; ++k) current.v[k] = stage[lane + 32 * k];
       // The lane has read its vectors of the slot: the step kStagedSteps - 1 ahead refills it.
       issue(ahead, (slot + kStagedSteps - 1) % kStagedSteps);
-      if (ahead.p < num_products) advance(ahead);
+      if (ahead.p < num_products) steps.advance(ahead);
       acc = step_sum(p, compute.chunk, lane, current, x_row, acc);
       if (compute.chunk + 1 == p.chunks) {
         store_row(p, compute.row, lane, acc);
         acc = 0.0f;
       }
-      advance(compute);
+      steps.advance(compute);
       slot = (slot + 1) % kStagedSteps;
     }
   }
