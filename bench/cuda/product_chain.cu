@@ -198,8 +198,8 @@ __global__ void __launch_bounds__(kThreads, 2)
 }
 
 // The whole chain with each warp's weights staged in shared memory: each lane copies its own
-// 16-byte vectors of the next kStagedSteps - 1 steps (cp.async, 4 KB a warp a step), so that about
-// 20 KB a warp stay on their way across a product's wait where the register form holds 4 KB. One
+// 16-byte vectors of the next kStagedSteps - 1 steps (cp.async, 4 KB a warp a step), so that 16 KB
+// a warp stay on their way across a product's wait where the register form holds 4 KB. One
 // CTA a multiprocessor; the input row sits after the warps' stages.
 constexpr int kStagedWarps = 8;
 constexpr int kStagedThreads = kStagedWarps * 32;

@@ -34,15 +34,21 @@ struct Shape {
 };
 
 // A layer's four products: Q/K/V, O, the routed experts' gate-and-up and down as dense matrices
-// of the same bytes (top-k experts' rows stacked).
+// of the same bytes (top-k experts' rows stacked); empty for a model it does not know.
 std::vector<Shape> layer_products(const std::string& model) {
   if (model == "qwen3") return {{5120, 2048}, {2048, 4096}, {8 * 1536, 2048}, {2048, 8 * 768}};
   if (model == "olmoe") return {{6144, 2048}, {2048, 2048}, {8 * 2048, 2048}, {2048, 8 * 1024}};
   if (model == "mixtral") {
     return {{6144, 4096}, {4096, 4096}, {2 * 28672, 4096}, {4096, 2 * 14336}};
   }
-  std::fprintf(stderr, "unknown --model %s (qwen3, olmoe or mixtral)\n", model.c_str());
-  std::exit(2);
+  return {};
+}
+
+// A whole positive decimal int, or 0.
+int positive(const char* text) {
+  char* end = nullptr;
+  const long value = std::strtol(text, &end, 10);
+  return end != text && *end == '\0' && value > 0 && value <= 1 << 20 ? static_cast<int>(value) : 0;
 }
 
 int run(int argc, char** argv) {
@@ -52,26 +58,36 @@ int run(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "--help") {
       std::printf(
-          "cuda_product_chain_bench [--model qwen3|olmoe|mixtral] [--layers N] [--reps N]\n");
+          "cuda_product_chain_bench [--model qwen3|olmoe|mixtral] [--layers N] [--reps N]\n"
+          "  --layers: the model's own count by default; --reps: timed replays (10)\n");
       return 0;
+    }
+    if (a != "--model" && a != "--layers" && a != "--reps") {
+      std::fprintf(stderr, "unknown option %s (see --help)\n", a.c_str());
+      return 2;
     }
     if (i + 1 >= argc) {
       std::fprintf(stderr, "%s needs a value\n", a.c_str());
       return 2;
     }
+    const char* value = argv[++i];
     if (a == "--model") {
-      model = argv[++i];
-    } else if (a == "--layers") {
-      layers = std::atoi(argv[++i]);
-    } else if (a == "--reps") {
-      reps = std::atoi(argv[++i]);
-    } else {
-      std::fprintf(stderr, "unknown option %s\n", a.c_str());
+      model = value;
+      continue;
+    }
+    const int number = positive(value);
+    if (number == 0) {
+      std::fprintf(stderr, "%s takes a positive whole number, not '%s'\n", a.c_str(), value);
       return 2;
     }
+    (a == "--layers" ? layers : reps) = number;
   }
   const std::vector<Shape> layer = layer_products(model);
-  if (layers <= 0) layers = model == "mixtral" ? 32 : model == "olmoe" ? 16 : 48;
+  if (layer.empty()) {
+    std::fprintf(stderr, "unknown --model %s (qwen3, olmoe or mixtral)\n", model.c_str());
+    return 2;
+  }
+  if (layers == 0) layers = model == "mixtral" ? 32 : model == "olmoe" ? 16 : 48;
 
   std::vector<Shape> shapes;
   for (int l = 0; l < layers; ++l) shapes.insert(shapes.end(), layer.begin(), layer.end());
