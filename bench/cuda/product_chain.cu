@@ -14,7 +14,6 @@ constexpr int kChunk = kChainChunk;
 constexpr int kLoads = kChunk / 8 / 32;  // 16-byte loads a lane per step
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
-constexpr int kCountSlots = kChainCountSlots;
 using Product = ChainProduct;
 
 struct StepWeights {
@@ -57,15 +56,16 @@ __device__ __forceinline__ void store_row(const Product& p, int row, int lane, f
 }
 
 // One product, a warp per row; its first step's weights are loaded before the wait for the
-// kernel before, which writes its input row.
+// kernel before, which writes its input row, unless they wait for a product's outputs (p.after).
 __global__ void __launch_bounds__(kThreads, 3) product_kernel(const Product p) {
   const int lane = threadIdx.x % 32;
   const int row = blockIdx.x * kWarps + threadIdx.x / 32;
   StepWeights w0, w1;
-  if (row < p.rows) load_step(p, row, 0, lane, w0);
+  if (row < p.rows && p.after < 0) load_step(p, row, 0, lane, w0);
   wait_for_prior_grid();
   allow_next_grid();
   if (row >= p.rows) return;
+  if (p.after >= 0) load_step(p, row, 0, lane, w0);
   const auto* x = reinterpret_cast<const uint4*>(p.x);
   float acc = 0.0f;
   for (int chunk = 0; chunk < p.chunks; chunk += 2) {
@@ -78,10 +78,13 @@ __global__ void __launch_bounds__(kThreads, 3) product_kernel(const Product p) {
   store_row(p, row, lane, acc);
 }
 
-__device__ __forceinline__ int load_acquire(const int* p) {
+__device__ __forceinline__ int load_relaxed(const int* p) {
   int v;
-  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
   return v;
+}
+__device__ __forceinline__ void fence_acquire() {
+  asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
 }
 __device__ __forceinline__ void add_release(int* p, int value) {
   asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(value) : "memory");
@@ -122,39 +125,43 @@ struct WarpSteps {
   }
 };
 
-// Counts the CTA's rows of product p_index - 1 once all its warps are done with them, then waits
-// until every CTA's are counted (all CTAs of the grid are resident).
+// Counts the CTA's rows of product p_index - 1 once its kThreads multiplying threads are done with
+// them, then waits until every CTA's are counted (all CTAs of the grid are resident). counts: one
+// per product. The count is polled with relaxed loads and one acquire fence follows the last poll
+// (an acquire load in the loop costs each round a fence).
+template <int kThreads>
 __device__ __forceinline__ void wait_for_product(const Product* products, int p_index, int* counts,
-                                                 int total_warps, int cta_warps) {
-  __syncthreads();
+                                                 int total_warps) {
+  constexpr int kCtaWarps = kThreads / 32;
+  named_barrier_sync<kThreads>(1);
   const Product& before = products[p_index - 1];
   if (threadIdx.x == 0) {
     int mine = 0;
-    for (int k = 0; k < cta_warps; ++k) {
-      const int f = first_row(before, blockIdx.x * cta_warps + k, total_warps);
+    for (int k = 0; k < kCtaWarps; ++k) {
+      const int f = first_row(before, blockIdx.x * kCtaWarps + k, total_warps);
       if (f < before.rows) mine += (before.rows - 1 - f) / total_warps + 1;
     }
-    int* count = counts + (p_index - 1) * kCountSlots;
-    if (mine > 0) add_release(count + blockIdx.x % kCountSlots, mine);
-    for (;;) {
-      int done = 0;
-      for (int s = 0; s < kCountSlots; ++s) done += load_acquire(count + s);
-      if (done == before.rows) break;
+    int* count = counts + p_index - 1;
+    if (mine > 0) add_release(count, mine);
+    while (load_relaxed(count) != before.rows) {
     }
+    fence_acquire();
   }
-  __syncthreads();
+  named_barrier_sync<kThreads>(1);
 }
 
-// The CTA's copy of product p's input row in shared memory.
-__device__ __forceinline__ void copy_input_row(const Product& p, uint4* x_row, int threads) {
+// The CTA's copy of product p's input row in shared memory, made by its kThreads multiplying
+// threads.
+template <int kThreads>
+__device__ __forceinline__ void copy_input_row(const Product& p, uint4* x_row) {
   const auto* x = reinterpret_cast<const uint4*>(p.x);
-  for (int v = threadIdx.x; v < p.in_cols / 8; v += threads) x_row[v] = __ldcg(x + v);
-  __syncthreads();
+  for (int v = threadIdx.x; v < p.in_cols / 8; v += kThreads) x_row[v] = __ldcg(x + v);
+  named_barrier_sync<kThreads>(1);
 }
 
 // The whole chain. Each CTA copies a product's input row into shared memory once the counts say
 // the product before is complete; each warp holds the weights of its next step (of a later
-// product, across the wait) while it multiplies the current one. counts: [products, kCountSlots],
+// product, across the wait) while it multiplies the current one. counts: [products],
 // zero before the launch.
 __global__ void __launch_bounds__(kThreads, 2)
     chain_kernel(const Product* products, int num_products, int* counts) {
@@ -168,17 +175,28 @@ __global__ void __launch_bounds__(kThreads, 2)
   // would go to local memory).
   StepWeights buffer0, buffer1;
   bool next_in_0 = true;
-  if (next.p < num_products) load_step(products[next.p], next.row, next.chunk, lane, buffer0);
+  // The next step's load waits for a product not yet complete (its after); it is made at the
+  // first product start past that one.
+  bool deferred = next.p < num_products;
   for (int p_index = 0; p_index < num_products; ++p_index) {
     const Product p = products[p_index];
-    if (p_index > 0) wait_for_product(products, p_index, counts, steps.total_warps, kWarps);
-    copy_input_row(p, x_row, kThreads);
+    if (p_index > 0) wait_for_product<kThreads>(products, p_index, counts, steps.total_warps);
+    if (deferred && products[next.p].after < p_index) {
+      if (next_in_0) {
+        load_step(products[next.p], next.row, next.chunk, lane, buffer0);
+      } else {
+        load_step(products[next.p], next.row, next.chunk, lane, buffer1);
+      }
+      deferred = false;
+    }
+    copy_input_row<kThreads>(p, x_row);
     float acc = 0.0f;
     const auto step = [&](const StepWeights& current, StepWeights& following) {
       const StepCursor now = next;
       steps.advance(next);
       if (next.p < num_products) {
-        load_step(products[next.p], next.row, next.chunk, lane, following);
+        deferred = products[next.p].after >= p_index;
+        if (!deferred) load_step(products[next.p], next.row, next.chunk, lane, following);
       }
       acc = step_sum(p, now.chunk, lane, current, x_row, acc);
       if (now.chunk + 1 == p.chunks) {
@@ -197,74 +215,102 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 }
 
-// The whole chain with each warp's weights staged in shared memory: each lane copies its own
-// 16-byte vectors of the next kStagedSteps - 1 steps (cp.async, 4 KB a warp a step), so that 16 KB
-// a warp stay on their way across a product's wait where the register form holds 4 KB. One
-// CTA a multiprocessor; the input row sits after the warps' stages.
-constexpr int kStagedWarps = 8;
+// The whole chain with each warp's next steps staged in shared memory by a copying warp: its lane
+// w copies multiplying warp w's steps in order (one cp.async.bulk of up to 4 KB a step) into the
+// warp's ring of kStagedSteps slots as soon as the warp has read a slot, so that the copies run
+// ahead across a product's wait as far as the rings allow (about 21 MB GPU-wide), where the
+// register form's stop at one step a warp. One CTA a multiprocessor; shared memory holds the
+// rings, their full and empty barriers and the input row.
+constexpr int kStagedWarps = 8;  // multiplying warps, and one copying warp
 constexpr int kStagedThreads = kStagedWarps * 32;
 constexpr int kStagedSteps = 5;
+constexpr int kStagedSlots = kStagedSteps * kStagedWarps;
 constexpr size_t kStageBytes = size_t{kChunk} * sizeof(uint16_t);  // a warp's step
-constexpr size_t kStagedRingBytes = kStageBytes * kStagedSteps * kStagedWarps;
+constexpr size_t kStagedFixedBytes =
+    kStageBytes * kStagedSlots + 2 * kStagedSlots * sizeof(uint64_t);
 
-__global__ void __launch_bounds__(kStagedThreads, 1)
+__global__ void __launch_bounds__(kStagedThreads + 32, 1)
     staged_chain_kernel(const Product* products, int num_products, int* counts) {
   extern __shared__ __align__(16) uint4 staged_smem[];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const WarpSteps steps{products, num_products, static_cast<int>(blockIdx.x) * kStagedWarps + warp,
-                        static_cast<int>(gridDim.x) * kStagedWarps};
-  uint4* const ring = staged_smem + warp * kStagedSteps * (kStageBytes / 16);
-  uint4* const x_row = staged_smem + kStagedRingBytes / 16;
-  // Copies the lane's vectors of step c into stage `slot` (nothing past the chain's end), and
-  // closes the copy group either way so that the groups count steps.
-  const auto issue = [&](const StepCursor& c, int slot) {
-    if (c.p < num_products) {
+  const int total_warps = static_cast<int>(gridDim.x) * kStagedWarps;
+  uint4* const ring = staged_smem;
+  auto* const full = reinterpret_cast<uint64_t*>(staged_smem + kStageBytes * kStagedSlots / 16);
+  uint64_t* const empty = full + kStagedSlots;
+  auto* const x_row = reinterpret_cast<uint4*>(empty + kStagedSlots);
+  const auto slot_data = [&](int w, int slot) {
+    return ring + (w * kStagedSteps + slot) * (kStageBytes / 16);
+  };
+  if (threadIdx.x < kStagedSlots) {
+    mbarrier_init(shared_address(full + threadIdx.x), 1);
+    mbarrier_init(shared_address(empty + threadIdx.x), 1);
+  }
+  __syncthreads();
+  if (warp == kStagedWarps) {
+    if (lane >= kStagedWarps) return;
+    const WarpSteps steps{products, num_products,
+                          static_cast<int>(blockIdx.x) * kStagedWarps + lane, total_warps};
+    int slot = 0;
+    uint32_t parity = 0;
+    int complete = 0;  // products before this one are known complete
+    // Never blocks on one slot or count: the lanes poll their own warps' slots side by side.
+    for (StepCursor c = steps.first(); c.p < num_products;) {
       const Product& p = products[c.p];
+      if (p.after >= complete) {
+        if (load_relaxed(counts + p.after) != products[p.after].rows) continue;
+        fence_acquire();
+        complete = p.after + 1;
+      }
+      const int b = lane * kStagedSteps + slot;
+      if (!mbarrier_ready(shared_address(empty + b), parity ^ 1)) continue;
+      const uint32_t bytes = step_vectors(p, c.chunk) * 16;
+      mbarrier_expect_bytes(shared_address(full + b), bytes);
+      bulk_copy_to_shared(shared_address(slot_data(lane, slot)),
+                          p.w + static_cast<int64_t>(c.row) * p.in_cols + c.chunk * kChunk, bytes,
+                          shared_address(full + b));
+      steps.advance(c);
+      if (++slot == kStagedSteps) {
+        slot = 0;
+        parity ^= 1;
+      }
+    }
+    return;
+  }
+  const WarpSteps steps{products, num_products, static_cast<int>(blockIdx.x) * kStagedWarps + warp,
+                        total_warps};
+  StepCursor c = steps.first();
+  int slot = 0;
+  uint32_t parity = 0;
+  for (int p_index = 0; p_index < num_products; ++p_index) {
+    const Product p = products[p_index];
+    if (p_index > 0) wait_for_product<kStagedThreads>(products, p_index, counts, total_warps);
+    copy_input_row<kStagedThreads>(p, x_row);
+    float acc = 0.0f;
+    while (c.p == p_index) {
+      const int b = warp * kStagedSteps + slot;
+      mbarrier_wait(shared_address(full + b), parity);
+      const uint4* stage = slot_data(warp, slot);
       const int vectors = step_vectors(p, c.chunk);
-      const auto* src = reinterpret_cast<const uint4*>(
-          p.w + static_cast<int64_t>(c.row) * p.in_cols + c.chunk * kChunk);
-      const uint32_t dst = shared_address(ring + slot * (kStageBytes / 16));
+      StepWeights current;
 #pragma unroll
       for (int k = 0; k < kLoads; ++k) {
         const int v = lane + 32 * k;
-        if (v < vectors) cp_async_16(dst + v * 16, src + v, true);
+        current.v[k] = v < vectors ? stage[v] : make_uint4(0, 0, 0, 0);
       }
-    }
-    cp_async_commit();
-  };
-  StepCursor compute = steps.first();
-  StepCursor ahead = compute;
-  for (int s = 0; s < kStagedSteps - 1; ++s) {
-    issue(ahead, s);
-    if (ahead.p < num_products) steps.advance(ahead);
-  }
-  int slot = 0;
-  for (int p_index = 0; p_index < num_products; ++p_index) {
-    const Product p = products[p_index];
-    if (p_index > 0) {
-      wait_for_product(products, p_index, counts, steps.total_warps, kStagedWarps);
-    }
-    copy_input_row(p, x_row, kStagedThreads);
-    float acc = 0.0f;
-    while (compute.p == p_index) {
-      cp_async_wait<kStagedSteps - 2>();  // this step's copies (the lane's own) have landed
-      const uint4* stage = ring + slot * (kStageBytes / 16);
-      StepWeights current;
-#pragma unroll
-      for (int k = 0; k < kLoads; ++k) current.v[k] = stage[lane + 32 * k];
-      // The lane has read its vectors of the slot: the step kStagedSteps - 1 ahead refills it.
-      issue(ahead, (slot + kStagedSteps - 1) % kStagedSteps);
-      if (ahead.p < num_products) steps.advance(ahead);
-      acc = step_sum(p, compute.chunk, lane, current, x_row, acc);
-      if (compute.chunk + 1 == p.chunks) {
-        store_row(p, compute.row, lane, acc);
+      __syncwarp();
+      if (lane == 0) mbarrier_arrive(shared_address(empty + b));
+      acc = step_sum(p, c.chunk, lane, current, x_row, acc);
+      if (c.chunk + 1 == p.chunks) {
+        store_row(p, c.row, lane, acc);
         acc = 0.0f;
       }
-      steps.advance(compute);
-      slot = (slot + 1) % kStagedSteps;
+      steps.advance(c);
+      if (++slot == kStagedSteps) {
+        slot = 0;
+        parity ^= 1;
+      }
     }
   }
-  cp_async_wait<0>();
 }
 
 __global__ void fill_kernel(uint16_t* w, int64_t count, uint32_t seed, float a) {
@@ -309,14 +355,14 @@ int chain_warps(int grid) {
 }
 
 int staged_chain_grid(int max_in_cols) {
-  const size_t bytes = kStagedRingBytes + static_cast<size_t>(max_in_cols) * sizeof(uint16_t);
+  const size_t bytes = kStagedFixedBytes + static_cast<size_t>(max_in_cols) * sizeof(uint16_t);
   EKVA_CUDA_CHECK(cudaFuncSetAttribute(
       staged_chain_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
   int device = 0, sms = 0, per_sm = 0;
   EKVA_CUDA_CHECK(cudaGetDevice(&device));
   EKVA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   EKVA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, staged_chain_kernel,
-                                                                kStagedThreads, bytes));
+                                                                kStagedThreads + 32, bytes));
   return per_sm < 1 ? 0 : sms;
 }
 
@@ -327,8 +373,8 @@ int staged_chain_warps(int grid) {
 void launch_staged_chain(const ChainProduct* products, int num_products, int max_in_cols, int grid,
                          int* counts, cudaStream_t stream) {
   if (grid < 1) EKVA_CUDA_CHECK(cudaErrorInvalidConfiguration);
-  const size_t bytes = kStagedRingBytes + static_cast<size_t>(max_in_cols) * sizeof(uint16_t);
-  staged_chain_kernel<<<grid, kStagedThreads, bytes, stream>>>(products, num_products, counts);
+  const size_t bytes = kStagedFixedBytes + static_cast<size_t>(max_in_cols) * sizeof(uint16_t);
+  staged_chain_kernel<<<grid, kStagedThreads + 32, bytes, stream>>>(products, num_products, counts);
   EKVA_CUDA_CHECK(cudaGetLastError());
 }
 

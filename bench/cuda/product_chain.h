@@ -10,11 +10,9 @@ namespace ekva::cuda {
 
 // A warp takes a row at a time, kChainChunk columns (4 KB of weights, eight 16-byte loads a lane)
 // a step, the next step's weights loaded while it multiplies the current one, as the engine's
-// one-token products do; both forms add in the same order and write bf16 outputs, so that their
+// one-token products do; every form adds in the same order and writes bf16 outputs, so that their
 // outputs are bit-identical.
 inline constexpr int kChainChunk = 2048;
-inline constexpr int kChainCountSlots =
-    8;  // a product's count, spread so that CTAs' adds do not queue
 
 struct ChainProduct {
   const uint16_t* w = nullptr;  // bf16 [rows, in_cols]
@@ -22,6 +20,9 @@ struct ChainProduct {
   uint16_t* y = nullptr;        // bf16 [rows]
   int rows = 0, in_cols = 0, chunks = 0;
   int first_warp = 0;  // the persistent grid's warp that takes row 0 (round robin over products)
+  // The product whose outputs say which weights this one reads (a router's, for the experts'
+  // products), so that no form loads them before it is complete; -1: none.
+  int after = -1;
 };
 
 // Uniform bf16 in [-a, a), a function of (seed, index).
@@ -32,14 +33,14 @@ void launch_chain_product(const ChainProduct& p, cudaStream_t stream);
 // The persistent grid (CTAs) for products of at most max_in_cols columns, and its warps.
 int chain_grid(int max_in_cols);
 int chain_warps(int grid);
-// All products in one kernel of chain_grid(max_in_cols) CTAs; counts: [num_products *
-// kChainCountSlots] zero.
+// All products in one kernel of chain_grid(max_in_cols) CTAs; counts: [num_products] zero.
 void launch_chain(const ChainProduct* products, int num_products, int max_in_cols, int grid,
                   int* counts, cudaStream_t stream);
 
-// The same with each warp's next steps staged in shared memory (one CTA a multiprocessor; 0 when
-// the ring and a row of max_in_cols do not fit); its warps take rows round robin as the
-// register form's do, so products' first_warp must be set for staged_chain_warps(grid).
+// The same with each warp's next steps copied into shared memory ahead by a copying warp (one CTA
+// a multiprocessor; 0 when the rings and a row of max_in_cols do not fit); its warps take rows
+// round robin as the register form's do, so products' first_warp must be set for
+// staged_chain_warps(grid).
 int staged_chain_grid(int max_in_cols);
 int staged_chain_warps(int grid);
 void launch_staged_chain(const ChainProduct* products, int num_products, int max_in_cols, int grid,

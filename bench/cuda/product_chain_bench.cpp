@@ -1,16 +1,18 @@
-// Times a batch-1 step's chain of one-row products (each layer's Q/K/V, O, experts' gate-and-up
-// and down products as dense matrices of the same bytes, the next product's input row being the
-// first in_cols outputs of the one before) two ways on the same weights:
+// Times a batch-1 step's chain of one-row products (each layer's Q/K/V, O, router, experts'
+// gate-and-up and down products as dense matrices of the same bytes, a product's input row being
+// the first in_cols outputs of the one before, or O's for the router and gate-and-up; the
+// experts' weights are not read before the router is complete) three ways on the same weights:
 //   launched:   one kernel per product in a CUDA graph, each launched with programmatic dependent
 //               launch and loading its weights before it waits for the kernel before (the
 //               engine's one-token products do the same);
 //   persistent: one kernel for the whole chain, whose warps hold the weights of their next step
 //               in registers while the products before finish, waiting on a per-product count
 //               only before they read the input row;
-//   staged:     the same with each warp's next four steps copied into shared memory ahead.
+//   staged:     the same with each warp's next five steps copied into shared memory ahead by a
+//               copying warp, which keeps copying while the multiplying warps wait.
 // The question it answers: how much of a batch-1 step's distance from the bandwidth floor is the
-// products' own starts and ends at kernel boundaries (docs/BENCHMARKS.md, session 40). Routing,
-// norms and attention are left out: the chain is the products alone.
+// products' own starts and ends at kernel boundaries (docs/BENCHMARKS.md, sessions 40 and 41).
+// Norms, attention and the routing's arithmetic are left out: the chain is the products alone.
 //
 //   cuda_product_chain_bench [--model qwen3|olmoe|mixtral] [--layers N] [--reps N]
 // Prints one JSON line; exits 1 unless all forms' last outputs are equal and finite.
@@ -31,16 +33,25 @@ namespace {
 
 struct Shape {
   int out_rows, in_cols;
+  int input_back = 1;   // the product whose outputs are the input row: 1 the one before, 2 ...
+  bool routed = false;  // its weights wait for the layer's router (the product router_back before)
+  int router_back = 0;
 };
 
-// A layer's four products: Q/K/V, O, the routed experts' gate-and-up and down as dense matrices
-// of the same bytes (top-k experts' rows stacked); empty for a model it does not know.
+// A layer's products: Q/K/V, O, the router (on O's outputs), the routed experts' gate-and-up (on
+// O's outputs too) and down as dense matrices of the same bytes (top-k experts' rows stacked),
+// the experts' weights waiting for the router's outputs; empty for a model it does not know.
 std::vector<Shape> layer_products(const std::string& model) {
-  if (model == "qwen3") return {{5120, 2048}, {2048, 4096}, {8 * 1536, 2048}, {2048, 8 * 768}};
-  if (model == "olmoe") return {{6144, 2048}, {2048, 2048}, {8 * 2048, 2048}, {2048, 8 * 1024}};
-  if (model == "mixtral") {
-    return {{6144, 4096}, {4096, 4096}, {2 * 28672, 4096}, {4096, 2 * 14336}};
-  }
+  const auto layer = [](int hidden, int qkv, int q, int experts, int gate_up, int down_in) {
+    return std::vector<Shape>{{qkv, hidden},
+                              {hidden, q},
+                              {experts, hidden},
+                              {gate_up, hidden, 2, true, 1},
+                              {hidden, down_in, 1, true, 2}};
+  };
+  if (model == "qwen3") return layer(2048, 5120, 4096, 128, 8 * 1536, 8 * 768);
+  if (model == "olmoe") return layer(2048, 6144, 2048, 64, 8 * 2048, 8 * 1024);
+  if (model == "mixtral") return layer(4096, 6144, 4096, 8, 2 * 28672, 2 * 14336);
   return {};
 }
 
@@ -111,9 +122,9 @@ int run(int argc, char** argv) {
   for (int i = 0; i < n; ++i) {
     const Shape& s = shapes[i];
     ChainProduct& p = products[i];
-    if (i > 0 && s.in_cols > products[i - 1].rows) {
-      std::fprintf(stderr, "product %d takes %d inputs of %d\n", i, s.in_cols,
-                   products[i - 1].rows);
+    const int source = i - s.input_back;
+    if (i > 0 && (source < 0 || s.in_cols > products[source].rows)) {
+      std::fprintf(stderr, "product %d takes %d inputs of product %d's\n", i, s.in_cols, source);
       return 1;
     }
     p.rows = s.out_rows;
@@ -126,7 +137,8 @@ int run(int argc, char** argv) {
     outputs.emplace_back(static_cast<size_t>(p.rows));
     p.w = weights.back().data();
     p.y = outputs.back().data();
-    p.x = i == 0 ? input.data() : products[i - 1].y;
+    p.x = i == 0 ? input.data() : products[source].y;
+    p.after = s.routed ? i - s.router_back : -1;
     p.first_warp = warp_cursor;
     warp_cursor = (warp_cursor + p.rows) % total_warps;
     bytes += static_cast<double>(s.out_rows) * s.in_cols * sizeof(uint16_t);
@@ -144,7 +156,7 @@ int run(int argc, char** argv) {
     cursor = (cursor + staged_products[i].rows) % staged_chain_warps(staged_grid);
   }
   DeviceBuffer<ChainProduct> staged_d{std::span<const ChainProduct>(staged_products)};
-  DeviceBuffer<int> counts(static_cast<size_t>(n) * kChainCountSlots);
+  DeviceBuffer<int> counts(static_cast<size_t>(n));
 
   cudaStream_t stream;
   EKVA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));

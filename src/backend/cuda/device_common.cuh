@@ -136,6 +136,35 @@ __device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
       "r"(parity)
       : "memory");
 }
+// Whether the phase of bar with the given parity has completed; never waits.
+__device__ __forceinline__ bool mbarrier_ready(uint32_t bar, uint32_t parity) {
+  uint32_t ready;
+  asm volatile(
+      "{\n"
+      "  .reg .pred done;\n"
+      "  mbarrier.test_wait.parity.shared::cta.b64 done, [%1], %2;\n"
+      "  selp.u32 %0, 1, 0, done;\n"
+      "}\n"
+      : "=r"(ready)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return ready != 0;
+}
+// Arrives on bar and adds `bytes` to the bytes its phase waits for (a bulk copy's).
+__device__ __forceinline__ void mbarrier_expect_bytes(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+// Copies [src, src + bytes) into shared memory at dst (both 16-byte aligned, bytes a multiple of
+// 16) and counts the bytes on bar as they land.
+__device__ __forceinline__ void bulk_copy_to_shared(uint32_t dst, const void* src, uint32_t bytes,
+                                                    uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(dst),
+      "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+}
 // Waits at named barrier `id` (1 to 15; 0 is __syncthreads's) for Threads threads, a multiple of
 // 32: a barrier among some of a CTA's warps.
 template <int Threads>
