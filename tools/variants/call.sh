@@ -21,6 +21,7 @@
 #            default: none)
 #   RECORD   models whose figures of record (job.sh record) each of RECORD_VARIANTS (default base
 #            and the variants built) measures (default: none)
+#   PEERS    models whose peers (job.sh peers) run after the figures of record (default: none)
 #   TRACE    VARIANT:MODEL pairs whose batch-1 steps' kernel timelines are traced (job.sh trace,
 #            PROMPT=0; default: none)
 # An empty list skips its step; CHECK, DUR and TIME default to the variants built.
@@ -58,6 +59,9 @@ for m in ${MODELS:-qwen3-30b-a3b}; do
 done
 for m in ${RECORD-}; do
   timeout "${RECORD_S:-240}" env VARIANTS="${RECORD_VARIANTS:-base $built}" $J record "$m"
+done
+for m in ${PEERS-}; do
+  timeout "${PEERS_S:-240}" $J peers "$m"
 done
 for a in ${ATT-}; do
   timeout "${ATT_S:-60}" env VARIANTS="${ATT_VARIANTS:-base $built}" $J attention "${a%%:*}" "${a#*:}"

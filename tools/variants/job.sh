@@ -7,6 +7,10 @@
 #                                        # PROMPTS=0: steps only)
 #   tools/variants/job.sh record MODEL   # each variant's figures of record: batch 1, 16 and 64 at
 #                                        # context 4k, budgets 1 and 0.2, a 4k-token prompt
+#   tools/variants/job.sh peers MODEL    # the peers of the record's decode rows: transformers
+#                                        # eager (bench/peers/hf_decode.py) at batch 1 and 16;
+#                                        # for mixtral-8x7b also the CUDA-graphed PyTorch step
+#                                        # (tools/roofline_measure.py decode_step) at 1, 16, 64
 #   tools/variants/job.sh trace MODEL    # a variant's kernel timelines of a prompt and of decode
 #                                        # steps (VARIANT, default base; PROMPT=0: steps only)
 #   tools/variants/job.sh kernels MODEL  # each variant's prompt per kernel (Nsight Compute's
@@ -90,7 +94,7 @@ export_ncu() {  # NAME: $OUT/NAME.ncu-rep's details, raw page, source counters a
 
 # A MODEL argument is checked once here: inside $(...) below a bad one could not stop the job.
 case "${1:-}" in
-time | record | trace | kernels | durations | ncu | ncu-step)
+time | record | peers | trace | kernels | durations | ncu | ncu-step)
   config "${2:?$1 needs a model directory of tests/fixtures/configs}" > /dev/null || exit 2
   ;;
 esac
@@ -139,6 +143,19 @@ record)
       > "$OUT/record-$m-$v.json" 2> "$OUT/record-$m-$v.err"
     echo "record $m $v: exit $? $(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(" ".join("%sx%s:%.3f" % (d["batch"], d["budget"], d["step_ms"]) for d in r["decode"]), "prompt", r["prefill"]["ms"])' "$OUT/record-$m-$v.json" 2>&1)"
   done
+  ;;
+peers)
+  m=$2
+  n=$(prompt_tokens "$m")
+  python3 bench/peers/hf_decode.py --config "$(config "$m")" --batch 1,16 --context $n --steps 5 \
+    --warmup 1 --out "$OUT/hf-$m.json" > "$OUT/hf-$m.log" 2>&1
+  echo "peers $m transformers: exit $? $(tail -c 300 "$OUT/hf-$m.json" 2>&1)"
+  if [ "${m%@*}" = mixtral-8x7b ]; then
+    python3 -c "import sys, json; sys.path.insert(0, 'tools'); import roofline_measure as r; \
+json.dump(r.decode_step((1, 16, 64), $n), open(sys.argv[1], 'w'))" "$OUT/graphed-$m.json" \
+      > "$OUT/graphed-$m.log" 2>&1
+    echo "peers $m graphed step: exit $? $(cat "$OUT/graphed-$m.json" 2>&1 | head -c 400)"
+  fi
   ;;
 trace)
   m=${2:?trace needs a model directory of tests/fixtures/configs}

@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """The figures-of-record tables of docs/BENCHMARKS.md from `tools/variants/job.sh record` runs.
 
-  tools/variants/record_table.py RUN_DIR [RUN_DIR ...]
+  tools/variants/record_table.py [--peers RUN_DIR] RUN_DIR [RUN_DIR ...]
 
 Each RUN_DIR holds one run's record-MODEL-VARIANT.json files (Mixtral-8x7B, Qwen3-30B-A3B and
 OLMoE-1B-7B; variant base). Prints the decode table (each run's step, their median, tokens/s, the
 Roofline prediction and its error against the median, the datasheet floor and its share of the
 median) and the prompt table (TFLOP/s and share of the H200's 790 at the median), then the
-Roofline model's median |error| over the decode rows and over all rows.
+Roofline model's median |error| over the decode rows and over all rows. With --peers, the run
+whose `tools/variants/job.sh peers` files (hf-MODEL.json, graphed-mixtral-8x7b.json) sit beside its
+records: a table of each peer's full-KV step against EKVA's in that same run.
 """
 import json
 import os
@@ -42,10 +44,48 @@ def load(run, model):
     return record
 
 
+def peer_steps(path, batch_key, ms_of):
+    """{batch: ms} of a peer's JSON rows (rows without a time, as out of memory, left out); {} when
+    the file is absent, since a peer runs only where memory allows."""
+    if not os.path.exists(path):
+        return {}
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        rows = data["decode"] if isinstance(data, dict) else data
+        return {row[batch_key]: ms_of(row) for row in rows if "error" not in row}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        sys.exit(f"record_table.py: {path}: not a peer's rows ({e})")
+
+
+def peers_table(run):
+    """EKVA's full-KV steps of `run` beside the peers' steps measured in the same run."""
+    print("| model | batch | EKVA ms | transformers eager ms (x EKVA) | graphed PyTorch step ms "
+          "(x EKVA) |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for model, name in MODELS:
+        hf = peer_steps(os.path.join(run, f"hf-{model}.json"), "batch", lambda r: r["step_ms"])
+        graphed = peer_steps(os.path.join(run, f"graphed-{model}.json"), "batch",
+                             lambda r: 1e3 * r["time_s"])
+        for row in load(run, model)["decode"]:
+            if row["budget"] != 1:
+                continue
+            ms = row["step_ms"]
+            cells = [f"{peer[row['batch']]:.2f} ({peer[row['batch']] / ms:.2f}x)"
+                     if row["batch"] in peer else "–" for peer in (hf, graphed)]
+            print(f"| {name} | {row['batch']} | {ms:.2f} | {cells[0]} | {cells[1]} |")
+
+
 def main():
-    runs = sys.argv[1:]
+    args = sys.argv[1:]
+    peers_run = None
+    if args[:1] == ["--peers"]:
+        if len(args) < 2:
+            sys.exit("record_table.py: --peers needs a run directory")
+        peers_run, args = args[1], args[2:]
+    runs = args
     if not runs:
-        sys.exit("usage: record_table.py RUN_DIR [RUN_DIR ...]")
+        sys.exit("usage: record_table.py [--peers RUN_DIR] RUN_DIR [RUN_DIR ...]")
     records = {m: [load(run, m) for run in runs] for m, _ in MODELS}
     for model, _ in MODELS:
         shapes = {len(r["decode"]) for r in records[model]}
@@ -86,6 +126,9 @@ def main():
           f"{len(decode_errors)} decode rows, "
           f"{100 * statistics.median(decode_errors + prompt_errors):.1f}% over all "
           f"{len(decode_errors) + len(prompt_errors)}")
+    if peers_run is not None:
+        print()
+        peers_table(peers_run)
 
 
 if __name__ == "__main__":
