@@ -229,6 +229,19 @@ constexpr size_t kStageBytes = size_t{kChunk} * sizeof(uint16_t);  // a warp's s
 constexpr size_t kStagedFixedBytes =
     kStageBytes * kStagedSlots + 2 * kStagedSlots * sizeof(uint64_t);
 
+// A position in a warp's ring: the copying lane and the multiplying warp walk it in the same order,
+// the barriers' parity flipping at each lap.
+struct RingPosition {
+  int slot = 0;
+  uint32_t parity = 0;
+  __device__ void advance() {
+    if (++slot == kStagedSteps) {
+      slot = 0;
+      parity ^= 1;
+    }
+  }
+};
+
 __global__ void __launch_bounds__(kStagedThreads + 32, 1)
     staged_chain_kernel(const Product* products, int num_products, int* counts) {
   extern __shared__ __align__(16) uint4 staged_smem[];
@@ -250,8 +263,7 @@ __global__ void __launch_bounds__(kStagedThreads + 32, 1)
     if (lane >= kStagedWarps) return;
     const WarpSteps steps{products, num_products,
                           static_cast<int>(blockIdx.x) * kStagedWarps + lane, total_warps};
-    int slot = 0;
-    uint32_t parity = 0;
+    RingPosition at;
     int complete = 0;  // products before this one are known complete
     // Never blocks on one slot or count: the lanes poll their own warps' slots side by side.
     for (StepCursor c = steps.first(); c.p < num_products;) {
@@ -261,35 +273,31 @@ __global__ void __launch_bounds__(kStagedThreads + 32, 1)
         fence_acquire();
         complete = p.after + 1;
       }
-      const int b = lane * kStagedSteps + slot;
-      if (!mbarrier_ready(shared_address(empty + b), parity ^ 1)) continue;
+      const int b = lane * kStagedSteps + at.slot;
+      if (!mbarrier_ready(shared_address(empty + b), at.parity ^ 1)) continue;
       const uint32_t bytes = step_vectors(p, c.chunk) * 16;
       mbarrier_expect_bytes(shared_address(full + b), bytes);
-      bulk_copy_to_shared(shared_address(slot_data(lane, slot)),
+      bulk_copy_to_shared(shared_address(slot_data(lane, at.slot)),
                           p.w + static_cast<int64_t>(c.row) * p.in_cols + c.chunk * kChunk, bytes,
                           shared_address(full + b));
       steps.advance(c);
-      if (++slot == kStagedSteps) {
-        slot = 0;
-        parity ^= 1;
-      }
+      at.advance();
     }
     return;
   }
   const WarpSteps steps{products, num_products, static_cast<int>(blockIdx.x) * kStagedWarps + warp,
                         total_warps};
   StepCursor c = steps.first();
-  int slot = 0;
-  uint32_t parity = 0;
+  RingPosition at;
   for (int p_index = 0; p_index < num_products; ++p_index) {
     const Product p = products[p_index];
     if (p_index > 0) wait_for_product<kStagedThreads>(products, p_index, counts, total_warps);
     copy_input_row<kStagedThreads>(p, x_row);
     float acc = 0.0f;
     while (c.p == p_index) {
-      const int b = warp * kStagedSteps + slot;
-      mbarrier_wait(shared_address(full + b), parity);
-      const uint4* stage = slot_data(warp, slot);
+      const int b = warp * kStagedSteps + at.slot;
+      mbarrier_wait(shared_address(full + b), at.parity);
+      const uint4* stage = slot_data(warp, at.slot);
       const int vectors = step_vectors(p, c.chunk);
       StepWeights current;
 #pragma unroll
@@ -305,10 +313,7 @@ __global__ void __launch_bounds__(kStagedThreads + 32, 1)
         acc = 0.0f;
       }
       steps.advance(c);
-      if (++slot == kStagedSteps) {
-        slot = 0;
-        parity ^= 1;
-      }
+      at.advance();
     }
   }
 }
