@@ -125,15 +125,15 @@ struct WarpSteps {
   }
 };
 
-// Counts the CTA's rows of product p_index - 1 once its kThreads multiplying threads are done with
+// Counts the CTA's rows of product p_index - 1 once its Threads multiplying threads are done with
 // them, then waits until every CTA's are counted (all CTAs of the grid are resident). counts: one
 // per product. The count is polled with relaxed loads and one acquire fence follows the last poll
 // (an acquire load in the loop costs each round a fence).
-template <int kThreads>
+template <int Threads>
 __device__ __forceinline__ void wait_for_product(const Product* products, int p_index, int* counts,
                                                  int total_warps) {
-  constexpr int kCtaWarps = kThreads / 32;
-  named_barrier_sync<kThreads>(1);
+  constexpr int kCtaWarps = Threads / 32;
+  named_barrier_sync<Threads>(1);
   const Product& before = products[p_index - 1];
   if (threadIdx.x == 0) {
     int mine = 0;
@@ -147,16 +147,16 @@ __device__ __forceinline__ void wait_for_product(const Product* products, int p_
     }
     fence_acquire();
   }
-  named_barrier_sync<kThreads>(1);
+  named_barrier_sync<Threads>(1);
 }
 
-// The CTA's copy of product p's input row in shared memory, made by its kThreads multiplying
+// The CTA's copy of product p's input row in shared memory, made by its Threads multiplying
 // threads.
-template <int kThreads>
+template <int Threads>
 __device__ __forceinline__ void copy_input_row(const Product& p, uint4* x_row) {
   const auto* x = reinterpret_cast<const uint4*>(p.x);
-  for (int v = threadIdx.x; v < p.in_cols / 8; v += kThreads) x_row[v] = __ldcg(x + v);
-  named_barrier_sync<kThreads>(1);
+  for (int v = threadIdx.x; v < p.in_cols / 8; v += Threads) x_row[v] = __ldcg(x + v);
+  named_barrier_sync<Threads>(1);
 }
 
 // The whole chain. Each CTA copies a product's input row into shared memory once the counts say

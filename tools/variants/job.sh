@@ -150,10 +150,11 @@ peers)
   python3 bench/peers/hf_decode.py --config "$(config "$m")" --batch 1,16 --context $n --steps 5 \
     --warmup 1 --out "$OUT/hf-$m.json" > "$OUT/hf-$m.log" 2>&1
   echo "peers $m transformers: exit $? $(tail -c 300 "$OUT/hf-$m.json" 2>&1)"
-  if [ "${m%@*}" = mixtral-8x7b ]; then
+  if [ "${m%@*}" = mixtral-8x7b ]; then  # MODEL@N: the graphed step of the first N layers too
     python3 -c "import sys, json; sys.path.insert(0, 'tools'); import roofline_measure as r; \
-json.dump(r.decode_step((1, 16, 64), $n), open(sys.argv[1], 'w'))" "$OUT/graphed-$m.json" \
-      > "$OUT/graphed-$m.log" 2>&1
+layers = json.load(open(sys.argv[2]))['num_hidden_layers']; \
+json.dump(r.decode_step((1, 16, 64), $n, layers), open(sys.argv[1], 'w'))" "$OUT/graphed-$m.json" \
+      "$(config "$m")" > "$OUT/graphed-$m.log" 2>&1
     echo "peers $m graphed step: exit $? $(cat "$OUT/graphed-$m.json" 2>&1 | head -c 400)"
   fi
   ;;

@@ -44,7 +44,7 @@ def load(run, model):
     return record
 
 
-def peer_steps(path, batch_key, ms_of):
+def peer_steps(path, ms_of):
     """{batch: ms} of a peer's JSON rows (rows without a time, as out of memory, left out); {} when
     the file is absent, since a peer runs only where memory allows."""
     if not os.path.exists(path):
@@ -53,7 +53,7 @@ def peer_steps(path, batch_key, ms_of):
         with open(path) as f:
             data = json.load(f)
         rows = data["decode"] if isinstance(data, dict) else data
-        return {row[batch_key]: ms_of(row) for row in rows if "error" not in row}
+        return {row["batch"]: ms_of(row) for row in rows if "error" not in row}
     except (OSError, ValueError, KeyError, TypeError) as e:
         sys.exit(f"record_table.py: {path}: not a peer's rows ({e})")
 
@@ -64,9 +64,8 @@ def peers_table(run):
           "(x EKVA) |")
     print("| --- | ---: | ---: | ---: | ---: |")
     for model, name in MODELS:
-        hf = peer_steps(os.path.join(run, f"hf-{model}.json"), "batch", lambda r: r["step_ms"])
-        graphed = peer_steps(os.path.join(run, f"graphed-{model}.json"), "batch",
-                             lambda r: 1e3 * r["time_s"])
+        hf = peer_steps(os.path.join(run, f"hf-{model}.json"), lambda r: r["step_ms"])
+        graphed = peer_steps(os.path.join(run, f"graphed-{model}.json"), lambda r: 1e3 * r["time_s"])
         for row in load(run, model)["decode"]:
             if row["budget"] != 1:
                 continue
